@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Everything a GPU session checks, in one call of the device tool:
+#   device tool: run `bash scripts/gpu_check.sh` with carry [".whl"] (faiss-cpu wheel for the demo and faiss tests).
+# Installs torchkm over the image's own torch/Triton (no downloads), then runs the whole test suite
+# on the GPU machine (CUDA tests included) and the quickstart on CUDA. Logs and pictures go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch, triton, numpy, sklearn; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| triton', triton.__version__, '| numpy', numpy.__version__, '| sklearn', sklearn.__version__)"
+python3 -c "import faiss; print('faiss', faiss.__version__)" || echo "faiss missing: faiss tests skip"
+python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/pytest_gpu.log"
+status=${PIPESTATUS[0]}
+python3 examples/quickstart.py --device cuda --out "$OUT/quickstart_digits_cuda.png" 2>&1 | tee "$OUT/quickstart_cuda.log"
+exit "$status"

@@ -1,0 +1,52 @@
+"""The command line: python -m torchkm fit / predict on .npy and .fvecs files."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from torchkm.cli import main, read_vectors
+from tests.helpers import blobs
+
+
+def _write_fvecs(path, x):
+    d = np.full((x.shape[0], 1), x.shape[1], dtype=np.int32)
+    np.hstack([d, x.astype(np.float32).view(np.int32)]).tofile(path)
+
+
+def test_fit_and_predict_npy(tmp_path, rng, capsys):
+    x = blobs(rng, 800, 5, 4, spread=50)
+    np.save(tmp_path / "x.npy", x)
+    c_path, l_path = tmp_path / "c.npy", tmp_path / "l.npy"
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "4", "--centroids", str(c_path), "--labels", str(l_path), "--device", "cpu"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["n_samples"] == 800 and summary["n_clusters"] == 4 and summary["converged"]
+    centroids, labels = np.load(c_path), np.load(l_path)
+    assert centroids.shape == (4, 5) and labels.shape == (800,) and labels.dtype == np.int64
+    l2 = tmp_path / "l2.npy"
+    assert main(["predict", str(tmp_path / "x.npy"), "--centroids", str(c_path), "--labels", str(l2), "--device", "cpu"]) == 0
+    np.testing.assert_array_equal(np.load(l2), labels)
+
+
+def test_fvecs_reader_and_module_entry_point(tmp_path, rng):
+    x = rng.standard_normal((100, 7)).astype(np.float32)
+    _write_fvecs(tmp_path / "x.fvecs", x)
+    np.testing.assert_array_equal(read_vectors(tmp_path / "x.fvecs"), x)
+    out = subprocess.run(
+        [sys.executable, "-m", "torchkm", "fit", str(tmp_path / "x.fvecs"), "-k", "3", "--centroids", str(tmp_path / "c.npy"), "--no-progress"],
+        capture_output=True, text=True, check=True,
+    )
+    assert json.loads(out.stdout)["n_features"] == 7
+
+
+def test_errors_are_one_line_messages(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((3, 2), dtype=np.float32))
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "5", "--device", "cpu"]) == 2
+    assert "n_clusters=5 is larger than n_samples=3" in capsys.readouterr().err
+    (tmp_path / "bad.txt").write_text("1 2 3")
+    assert main(["fit", str(tmp_path / "bad.txt"), "-k", "1", "--device", "cpu"]) == 2
+    assert "unsupported file type '.txt'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fit"])

@@ -1,0 +1,83 @@
+"""The same API on CUDA tensors (run on a GPU machine; skipped where there is none).
+
+Until the Triton kernels land, CUDA runs the pure-torch engine; these tests pin down what must
+stay true when they do: results on the input's device, agreement with the CPU engine, bit-identical
+reruns for a seed, all input dtypes, and clear device errors.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import torchkm
+from tests.helpers import assert_labels_match_except_near_ties, blobs, f64_sq_distances
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+
+
+@pytest.fixture
+def x_cpu():
+    # Fresh random data every run: results must hold for any valid input.
+    return torch.from_numpy(blobs(np.random.default_rng(), 20_011, 33, 40))
+
+
+def test_results_stay_on_the_input_device(x_cpu):
+    x = x_cpu.cuda()
+    r = torchkm.fit(x, 40, random_state=0)
+    assert r.centroids.is_cuda and r.labels.is_cuda
+    km = torchkm.KMeans(40, random_state=0).fit(x)
+    assert km.cluster_centers_.is_cuda and km.predict(x).is_cuda and km.transform(x[:3]).is_cuda
+
+
+def test_cuda_assign_matches_float64(x_cpu):
+    c = x_cpu[torch.randperm(len(x_cpu))[:1000]] + 0.01
+    labels, dist = torchkm.assign(x_cpu.cuda(), c.cuda())
+    ref = f64_sq_distances(x_cpu.numpy(), c.numpy())
+    assert_labels_match_except_near_ties(x_cpu.numpy(), c.numpy(), labels.cpu().numpy(), ref.argmin(1))
+    np.testing.assert_allclose(dist.cpu().numpy(), ref.min(1), rtol=1e-4, atol=1e-3)
+
+
+def test_cuda_lloyd_matches_cpu_from_the_same_init(x_cpu):
+    init = x_cpu[:40].clone()
+    cpu = torchkm.fit(x_cpu, 40, init=init, max_iter=10, tol=0)
+    gpu = torchkm.fit(x_cpu.cuda(), 40, init=init.cuda(), max_iter=10, tol=0)
+    torch.testing.assert_close(gpu.centroids.cpu(), cpu.centroids, rtol=1e-4, atol=1e-4)
+    assert gpu.inertia == pytest.approx(cpu.inertia, rel=1e-5)
+
+
+def test_cuda_reruns_are_bit_identical(x_cpu):
+    x = x_cpu.cuda()
+    a = torchkm.fit(x, 40, random_state=11)
+    b = torchkm.fit(x, 40, random_state=11)
+    assert torch.equal(a.centroids, b.centroids) and torch.equal(a.labels, b.labels) and a.inertia == b.inertia
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_cuda_input_dtypes(x_cpu, dtype):
+    x = x_cpu.cuda().to(dtype)
+    r = torchkm.fit(x, 40, random_state=0)
+    assert torch.isfinite(r.centroids).all()
+    assert r.centroids.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+def test_cuda_device_mismatch_is_a_clear_error(x_cpu):
+    km = torchkm.KMeans(5, random_state=0).fit(x_cpu.cuda())
+    with pytest.raises(ValueError, match="x is on cpu but the centroids are on cuda"):
+        km.predict(x_cpu)
+    km.to("cpu")
+    assert torch.equal(km.predict(x_cpu), km.labels_.cpu())
+
+
+def test_cuda_module_moves_with_to(x_cpu):
+    km = torchkm.KMeans(5, random_state=0).fit(x_cpu)
+    fresh = torchkm.KMeans(5).cuda()
+    fresh.load_state_dict(km.state_dict())
+    assert fresh.cluster_centers_.is_cuda
+    assert torch.equal(fresh.predict(x_cpu.cuda()).cpu(), km.labels_)
+
+
+def test_cuda_sklearn_estimator(x_cpu):
+    from torchkm.sklearn import KMeans
+
+    km = KMeans(10, random_state=0, device="cuda").fit(x_cpu.numpy())
+    assert isinstance(km.cluster_centers_, np.ndarray) and km.labels_.shape == (len(x_cpu),)

@@ -1,0 +1,232 @@
+"""torchkm.KMeans and torchkm.fit: the public API on CPU tensors and numpy arrays."""
+
+import io
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import torchkm
+from tests.helpers import blobs, f64_sq_distances
+
+
+@pytest.fixture
+def data(rng):
+    return torch.from_numpy(blobs(rng, 2000, 8, 6))
+
+
+def test_fit_finds_separated_blobs(rng):
+    x = blobs(rng, 3000, 5, 4, spread=100.0, sigma=0.5)
+    result = torchkm.fit(torch.from_numpy(x), 4, random_state=0)
+    assert isinstance(result, torchkm.KMeansResult)
+    assert result.centroids.shape == (4, 5) and result.labels.shape == (3000,)
+    assert result.converged and 1 <= result.n_iter <= 300
+    # Every centroid sits within noise of a true centre: k-means++ found all four blobs.
+    assert len(torch.unique(result.labels)) == 4
+    assert result.inertia / 3000 < 5 * 0.5**2 * 2
+
+
+def test_module_api_and_fitted_attributes(data):
+    km = torchkm.KMeans(6, random_state=0)
+    assert isinstance(km, torch.nn.Module)
+    assert km.fit(data) is km
+    assert km.cluster_centers_.shape == (6, 8) and km.cluster_centers_.dtype == torch.float32
+    assert km.labels_.dtype == torch.int64 and km.labels_.shape == (2000,)
+    assert km.n_features_in_ == 8 and km.n_iter_ == len(km.history_) and km.converged_
+    # Labels match the returned centroids (final E-step).
+    assert torch.equal(km.predict(data), km.labels_)
+    assert torch.equal(km(data), km.labels_)
+    np.testing.assert_allclose(km.score(data), -km.inertia_, rtol=1e-5)
+    d = km.transform(data[:10])
+    assert d.shape == (10, 6)
+    np.testing.assert_allclose(d.numpy(), np.sqrt(f64_sq_distances(data[:10].numpy(), km.cluster_centers_.numpy())), rtol=1e-4, atol=1e-4)
+    assert torch.equal(torchkm.KMeans(6, random_state=0).fit_predict(data), km.labels_)
+
+
+def test_history_records_every_iteration(data):
+    km = torchkm.KMeans(6, random_state=1, max_iter=50).fit(data)
+    h = km.history_
+    assert [s.iteration for s in h] == list(range(1, len(h) + 1))
+    assert h[0].labels_changed == 2000
+    assert all(s.seconds >= 0 and s.center_shift >= 0 and s.empty_clusters >= 0 for s in h)
+    # Lloyd never increases the objective.
+    inertias = [s.inertia for s in h] + [km.inertia_]
+    assert all(b <= a * (1 + 1e-6) for a, b in zip(inertias, inertias[1:]))
+
+
+def test_same_seed_same_result_and_torch_manual_seed(data):
+    a = torchkm.fit(data, 6, random_state=7)
+    b = torchkm.fit(data, 6, random_state=7)
+    assert torch.equal(a.centroids, b.centroids) and torch.equal(a.labels, b.labels)
+    torch.manual_seed(3)
+    c = torchkm.fit(data, 6, init="random")
+    torch.manual_seed(3)
+    d = torchkm.fit(data, 6, init="random")
+    assert torch.equal(c.centroids, d.centroids)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(torchkm.fit(data, 6, random_state=g1).centroids, torchkm.fit(data, 6, random_state=g2).centroids)
+
+
+def test_n_init_keeps_the_best_run(rng):
+    x = torch.from_numpy(rng.standard_normal((1500, 4)).astype(np.float32))
+    singles = [torchkm.fit(x, 20, init="random", random_state=s).inertia for s in range(3)]
+    best = torchkm.fit(x, 20, init="random", n_init=5, random_state=0)
+    assert best.inertia <= max(singles)
+    assert best.inertia == pytest.approx(min(best.inertia, *singles), rel=0.05)
+
+
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_init_methods_and_given_centroids(data, init):
+    r = torchkm.fit(data, 6, init=init, random_state=0)
+    assert torch.isfinite(r.centroids).all()
+    given = data[:6].clone()
+    a = torchkm.fit(data, 6, init=given, max_iter=1)
+    b = torchkm.fit(data.numpy(), 6, init=given.numpy(), max_iter=1)
+    torch.testing.assert_close(a.centroids, b.centroids)
+    with pytest.warns(RuntimeWarning, match="n_init=3"):
+        torchkm.fit(data, 6, init=given, n_init=3)
+    called = {}
+
+    def my_init(x, k, seed):
+        called["args"] = (x.shape, k, type(seed))
+        return x[:k]
+
+    torchkm.fit(data, 6, init=my_init, random_state=0)
+    assert called["args"] == ((2000, 8), 6, int)
+
+
+def test_kmeans_plusplus_is_weighted_like_repeated_rows(rng):
+    x = rng.standard_normal((40, 3)).astype(np.float32)
+    w = rng.integers(0, 4, size=40)
+    repeated = np.repeat(x, w, axis=0)
+    a = torchkm.fit(torch.from_numpy(x), 5, sample_weight=torch.from_numpy(w.astype(np.float32)), random_state=3, max_iter=1)
+    b = torchkm.fit(torch.from_numpy(repeated), 5, random_state=3, max_iter=1)
+    torch.testing.assert_close(a.centroids, b.centroids)
+
+
+def test_integer_sample_weights_equal_repeated_rows(rng):
+    x = blobs(rng, 300, 4, 5)
+    w = rng.integers(0, 4, size=300)
+    init = x[w > 0][:5]
+    weighted = torchkm.fit(torch.from_numpy(x), 5, init=init, sample_weight=w.astype(np.float64), max_iter=30, tol=0)
+    repeated = torchkm.fit(torch.from_numpy(np.repeat(x, w, axis=0)), 5, init=init, max_iter=30, tol=0)
+    torch.testing.assert_close(weighted.centroids, repeated.centroids, rtol=1e-5, atol=1e-5)
+    assert weighted.inertia == pytest.approx(repeated.inertia, rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_input_dtypes(data, dtype):
+    x = data.to(dtype)
+    km = torchkm.KMeans(6, random_state=0).fit(x)
+    expected = torch.float64 if dtype == torch.float64 else torch.float32
+    assert km.cluster_centers_.dtype == expected
+    assert km.predict(x).dtype == torch.int64
+    assert torch.isfinite(km.cluster_centers_).all()
+
+
+def test_numpy_input_and_noncontiguous_views(data):
+    a = torchkm.fit(data.numpy(), 6, random_state=0)
+    b = torchkm.fit(data, 6, random_state=0)
+    assert torch.equal(a.labels, b.labels)
+    wide = torch.zeros(2000, 16)
+    wide[:, ::2] = data  # strided view with the same values
+    view = wide[:, ::2]
+    assert not view.is_contiguous()
+    c = torchkm.fit(view, 6, random_state=0)
+    assert torch.equal(c.labels, b.labels)
+    transposed = data.T.contiguous().T
+    assert torch.equal(torchkm.fit(transposed, 6, random_state=0).labels, b.labels)
+
+
+def test_state_dict_round_trip_into_a_fresh_module(data):
+    km = torchkm.KMeans(6, random_state=0).fit(data)
+    buffer = io.BytesIO()
+    torch.save(km.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = torchkm.KMeans(6)
+    with pytest.raises(torchkm.NotFittedError):
+        fresh.predict(data)
+    fresh.load_state_dict(torch.load(buffer, weights_only=False))
+    assert torch.equal(fresh.cluster_centers_, km.cluster_centers_)
+    assert fresh.inertia_ == km.inertia_ and fresh.n_iter_ == km.n_iter_
+    assert torch.equal(fresh.predict(data), km.labels_)
+    with pytest.raises(RuntimeError, match="n_clusters=5"):
+        torchkm.KMeans(5).load_state_dict(km.state_dict())
+    assert set(km.state_dict()) == {"centroids", "_extra_state"}
+
+
+def test_to_half_and_pickle(data):
+    km = torchkm.KMeans(6, random_state=0).fit(data)
+    half = pickle.loads(pickle.dumps(km)).half()
+    assert half.cluster_centers_.dtype == torch.float16
+    agree = (half.predict(data) == km.labels_).float().mean()
+    assert agree > 0.99  # fp16 centroids round; labels agree except near boundaries
+    moved = km.to("cpu", torch.float64)
+    assert moved.cluster_centers_.dtype == torch.float64
+
+
+def test_cosine_metric_is_spherical_kmeans(rng):
+    directions = rng.standard_normal((4, 10))
+    x = np.concatenate([d + 0.05 * rng.standard_normal((200, 10)) for d in directions])
+    x *= rng.uniform(0.1, 50, size=(len(x), 1))  # norms must not matter
+    km = torchkm.KMeans(4, metric="cosine", random_state=0).fit(torch.from_numpy(x))
+    norms = km.cluster_centers_.norm(dim=1)
+    torch.testing.assert_close(norms, torch.ones(4, dtype=norms.dtype))
+    assert len(torch.unique(km.labels_)) == 4
+    labels, dist = torchkm.assign(torch.from_numpy(x), km.cluster_centers_, metric="cosine")
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cos = xn @ km.cluster_centers_.numpy().T
+    np.testing.assert_array_equal(labels.numpy(), cos.argmax(1))
+    np.testing.assert_allclose(dist.numpy(), 1 - cos.max(1), atol=1e-10)
+    assert km.inertia_ == pytest.approx(float((1 - cos.max(1)).sum()), rel=1e-6)
+
+
+def test_empty_clusters_are_repaired_never_nan():
+    # Init with a centroid far away from all data: it gets no points on the first pass.
+    x = torch.cat([torch.randn(100, 2, generator=torch.Generator().manual_seed(0)), torch.randn(100, 2, generator=torch.Generator().manual_seed(1)) + 8])
+    init = torch.tensor([[0.0, 0.0], [8.0, 8.0], [1000.0, 1000.0]])
+    r = torchkm.fit(x, 3, init=init)
+    assert torch.isfinite(r.centroids).all()
+    assert r.history[0].empty_clusters == 1
+    assert len(torch.unique(r.labels)) == 3
+
+
+def test_fewer_distinct_points_than_clusters_warns_and_stays_valid():
+    x = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    with pytest.warns(torchkm.ConvergenceWarning, match="2 distinct clusters"):
+        r = torchkm.fit(x, 4, random_state=0)
+    assert torch.isfinite(r.centroids).all() and r.inertia == 0.0
+    assert set(r.labels.tolist()) <= {0, 1, 2, 3}
+
+
+def test_k_equals_one_and_k_equals_n(rng):
+    x = torch.from_numpy(rng.standard_normal((50, 3)))
+    r1 = torchkm.fit(x, 1)
+    torch.testing.assert_close(r1.centroids[0], x.mean(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rn = torchkm.fit(x, 50, random_state=0)
+    assert rn.inertia == pytest.approx(0.0, abs=1e-9)
+
+
+def test_functional_assign_and_update(rng):
+    x = torch.from_numpy(blobs(rng, 500, 5, 3))
+    c = x[:3].clone()
+    labels, dist = torchkm.assign(x, c)
+    ref = f64_sq_distances(x.numpy(), c.numpy())
+    np.testing.assert_array_equal(labels.numpy(), ref.argmin(1))
+    new = torchkm.update(x, labels, c)
+    for j in range(3):
+        torch.testing.assert_close(new[j], x[labels == j].mean(0))
+    # A cluster nobody chose keeps its centroid.
+    stale = torchkm.update(x, torch.zeros(500, dtype=torch.int64), c)
+    torch.testing.assert_close(stale[1:], c[1:])
+
+
+def test_verbose_logs_through_the_torchkm_logger(data, caplog):
+    with caplog.at_level("INFO", logger="torchkm"):
+        torchkm.KMeans(3, verbose=True, random_state=0, max_iter=3).fit(data)
+    assert any("iter 1" in r.getMessage() for r in caplog.records)
+    assert any("run 1" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,88 @@
+"""The pure-torch engine against float64 brute force, on random and odd shapes."""
+
+import numpy as np
+import pytest
+import torch
+
+from torchkm._reference import DataView, assign, update
+from tests.helpers import assert_labels_match_except_near_ties, f64_sq_distances
+
+
+@pytest.mark.parametrize("d", [1, 3, 17, 129])
+@pytest.mark.parametrize("k", [1, 7, 1000])
+def test_assign_matches_float64_argmin(rng, d, k):
+    n = 1237  # not a multiple of any block or chunk
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    c = rng.standard_normal((k, d)).astype(np.float32)
+    labels, sq = assign(DataView(torch.from_numpy(x), torch.float32), torch.from_numpy(c))
+    assert labels.dtype == torch.int64 and labels.shape == (n,)
+    assert sq.dtype == torch.float32 and bool((sq >= 0).all())
+    assert_labels_match_except_near_ties(x, c, labels.numpy(), f64_sq_distances(x, c).argmin(1))
+    exact = f64_sq_distances(x, c)[np.arange(n), labels.numpy()]
+    np.testing.assert_allclose(sq.numpy(), exact, rtol=1e-4, atol=1e-4 * d)
+
+
+def test_assign_float64_is_exact(rng):
+    x = rng.standard_normal((501, 13))
+    c = rng.standard_normal((37, 13))
+    labels, sq = assign(DataView(torch.from_numpy(x), torch.float64), torch.from_numpy(c))
+    ref = f64_sq_distances(x, c)
+    np.testing.assert_array_equal(labels.numpy(), ref.argmin(1))
+    np.testing.assert_allclose(sq.numpy(), ref.min(1), rtol=1e-10, atol=1e-10)
+
+
+def test_assign_chunking_does_not_change_results(rng):
+    x = torch.from_numpy(rng.standard_normal((1000, 9)).astype(np.float32))
+    c = torch.from_numpy(rng.standard_normal((50, 9)).astype(np.float32))
+    whole = assign(DataView(x, torch.float32), c, chunk_size=10_000)
+    for chunk in (1, 7, 333):
+        part = assign(DataView(x, torch.float32), c, chunk_size=chunk)
+        assert torch.equal(whole[0], part[0])
+        torch.testing.assert_close(whole[1], part[1])
+
+
+def test_ties_go_to_the_lowest_index():
+    c = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.0, 0.0]])
+    labels, _ = assign(DataView(x, torch.float32), c)
+    assert labels.tolist() == [0, 1, 0, 0]
+
+
+def test_offset_and_normalisation_are_applied_per_chunk(rng):
+    x = torch.from_numpy(rng.standard_normal((300, 5)))
+    offset = torch.from_numpy(rng.standard_normal(5))
+    view = DataView(x, torch.float64, offset, normalize=True)
+    expected = (x - offset) / (x - offset).norm(dim=1, keepdim=True)
+    got = torch.cat([rows for _, _, rows in view.chunks(5, chunk_size=7)])
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(view.take(torch.tensor([3, 0, 299])), expected[[3, 0, 299]])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("k", [1, 7, 1000])
+def test_update_sums_and_counts(rng, k, weighted):
+    n, d = 2011, 17
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    labels = rng.integers(0, k, size=n)
+    w = rng.uniform(0, 2, size=n) if weighted else np.ones(n)
+    sums, counts = update(
+        DataView(torch.from_numpy(x), torch.float32), torch.from_numpy(labels), k,
+        torch.from_numpy(w) if weighted else None, chunk_size=97,
+    )
+    ref_sums = np.zeros((k, d))
+    np.add.at(ref_sums, labels, x.astype(np.float64) * w[:, None])
+    ref_counts = np.bincount(labels, weights=w, minlength=k)
+    np.testing.assert_allclose(sums.numpy(), ref_sums, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(counts.numpy(), ref_counts, rtol=1e-12)
+
+
+def test_half_precision_inputs_are_computed_in_float32(rng):
+    x32 = rng.standard_normal((400, 16)).astype(np.float32)
+    c = torch.from_numpy(rng.standard_normal((9, 16)).astype(np.float32))
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.from_numpy(x32).to(dtype)
+        labels, sq = assign(DataView(x, torch.float32), c)
+        assert sq.dtype == torch.float32
+        # The oracle is float64 on the same rounded inputs.
+        xr = x.double().numpy()
+        assert_labels_match_except_near_ties(xr, c.numpy(), labels.numpy(), f64_sq_distances(xr, c.numpy()).argmin(1))

@@ -1,0 +1,49 @@
+"""torchkm.sklearn.KMeans: a scikit-learn estimator that passes check_estimator."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+from sklearn.base import clone
+from sklearn.cluster import KMeans as SkKMeans
+from sklearn.datasets import load_digits
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import check_estimator
+
+from torchkm.sklearn import KMeans
+
+
+def test_check_estimator():
+    # scikit-learn lists this same check as an expected failure for its own KMeans (the data are
+    # shuffled and raw label ids are compared, which no randomly initialised k-means can pass);
+    # test_integer_sample_weights_equal_repeated_rows checks the property itself.
+    expected = {"check_sample_weight_equivalence_on_dense_data": "sample_weight is not equivalent to removing/repeating samples."}
+    results = check_estimator(KMeans(device="cpu"), expected_failed_checks=expected, on_fail=None)
+    failed = [(r["check_name"], repr(r["exception"])[:300]) for r in results if r["status"] == "failed"]
+    assert not failed, failed
+    assert sum(r["status"] == "passed" for r in results) >= 50
+
+
+def test_pipeline_grid_search_and_clone():
+    x = load_digits().data
+    pipe = make_pipeline(StandardScaler(), KMeans(10, random_state=0, device="cpu"))
+    labels = pipe.fit_predict(x)
+    assert labels.shape == (len(x),) and labels.dtype == np.int64
+    assert pipe.transform(x[:5]).shape == (5, 10)
+    search = GridSearchCV(KMeans(random_state=0, device="cpu"), {"n_clusters": [5, 10]}, cv=2).fit(x)
+    assert search.best_params_["n_clusters"] == 10  # score is -inertia, which falls as k grows
+    params = clone(KMeans(7, metric="cosine")).get_params()
+    assert params["n_clusters"] == 7 and params["metric"] == "cosine"
+
+
+def test_matches_scikit_learn_from_the_same_init():
+    x = load_digits().data
+    init = x[:10]
+    ours = KMeans(10, init=init, max_iter=20, tol=0, device="cpu").fit(x)
+    theirs = SkKMeans(10, init=init, n_init=1, max_iter=20, tol=0, algorithm="lloyd").fit(x)
+    np.testing.assert_allclose(ours.cluster_centers_, theirs.cluster_centers_, rtol=1e-7, atol=1e-7)
+    assert ours.inertia_ == pytest.approx(theirs.inertia_, rel=1e-7)
+    assert (ours.labels_ == theirs.labels_).all()
+    assert ours.score(x) == pytest.approx(theirs.score(x), rel=1e-7)

@@ -1,0 +1,25 @@
+"""torchkm: k-means clustering for PyTorch.
+
+- :func:`torchkm.fit` / :class:`torchkm.KMeans` (an ``nn.Module``) cluster rows of a tensor;
+- :func:`torchkm.assign` labels rows against given centroids;
+- :mod:`torchkm.sklearn` wraps the same engine as a scikit-learn estimator;
+- ``python -m torchkm`` clusters ``.npy`` / ``.fvecs`` files from the command line.
+"""
+
+from ._loop import ConvergenceWarning, IterationStats
+from ._version import __version__
+from .functional import KMeansResult, assign, fit, transform, update
+from .kmeans import KMeans, NotFittedError
+
+__all__ = [
+    "ConvergenceWarning",
+    "IterationStats",
+    "KMeans",
+    "KMeansResult",
+    "NotFittedError",
+    "__version__",
+    "assign",
+    "fit",
+    "transform",
+    "update",
+]

@@ -1,0 +1,367 @@
+"""The Lloyd loop and the fit driver around it.
+
+init -> (assign -> update -> fix empty clusters -> stats -> converged?)* -> final assign, repeated
+``n_init`` times keeping the run of lowest inertia.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
+
+import numpy as np
+import torch
+
+from . import _ops
+from ._reference import DataView, accumulator_dtype
+from ._validation import (
+    as_data_tensor,
+    check_centroids,
+    check_n_clusters,
+    check_nonnegative_float,
+    check_positive_int,
+    check_sample_weight,
+    compute_dtype,
+    iter_row_chunks,
+)
+from .init import kmeans_plusplus, random_rows
+
+logger = logging.getLogger("torchkm")
+
+InitLike = Union[str, torch.Tensor, np.ndarray, Callable[..., Any]]
+SeedLike = Union[int, torch.Generator, None]
+
+METRICS = ("euclidean", "cosine")
+INIT_NAMES = ("k-means++", "random")
+
+
+class ConvergenceWarning(UserWarning):
+    """The fit finished but its result is degenerate (e.g. fewer distinct clusters than asked for)."""
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """What one Lloyd iteration did.
+
+    ``inertia`` is that of the assignment made at the start of the iteration (before the update);
+    ``center_shift`` is the total squared movement of the centroids in the update;
+    ``labels_changed`` counts rows whose label differs from the previous iteration's (all rows on
+    the first iteration); ``empty_clusters`` counts clusters that received no weight and were
+    relocated to far-away rows.
+    """
+
+    iteration: int
+    inertia: float
+    center_shift: float
+    labels_changed: int
+    empty_clusters: int
+    seconds: float
+
+
+@dataclass
+class FitOutput:
+    centroids: torch.Tensor
+    labels: torch.Tensor
+    inertia: float
+    n_iter: int
+    history: list[IterationStats] = field(default_factory=list)
+    converged: bool = False
+
+
+def _metric_distance(sq_distances: torch.Tensor, normalize: bool) -> torch.Tensor:
+    # For unit vectors ||x - c||^2 = 2 (1 - cos), so cosine distance is half the squared distance.
+    return sq_distances * 0.5 if normalize else sq_distances
+
+
+def _weighted_sum(values: torch.Tensor, sample_weight: torch.Tensor | None) -> torch.Tensor:
+    values = values.to(torch.float64) if values.device.type == "cpu" else values
+    return values.sum() if sample_weight is None else values @ sample_weight.to(values.dtype)
+
+
+def make_generator(random_state: SeedLike) -> torch.Generator:
+    """A CPU generator: from an int seed, a torch.Generator's stream, or torch's global RNG for None."""
+    if isinstance(random_state, torch.Generator):
+        seed = int(torch.randint(0, 2**62, (1,), generator=random_state))
+    elif random_state is None:
+        # Draw from torch's global RNG so that torch.manual_seed(...) makes fits reproducible.
+        seed = int(torch.randint(0, 2**62, (1,)))
+    elif isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
+        seed = int(random_state)
+        if seed < 0:
+            raise ValueError(f"random_state must be >= 0, got {seed}")
+    else:
+        raise TypeError(f"random_state must be None, an int or a torch.Generator, got {random_state!r}")
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    return gen
+
+
+def _relocate_empty(
+    data: DataView,
+    labels: torch.Tensor,
+    sq_distances: torch.Tensor,
+    sums: torch.Tensor,
+    counts: torch.Tensor,
+    empty: torch.Tensor,
+    sample_weight: torch.Tensor | None,
+) -> None:
+    """Move each empty cluster onto one of the rows farthest from their centroid (scikit-learn's rule).
+
+    The moved rows leave their old clusters' sums, so the centroids stay means of their members.
+    """
+    empty_ids = empty.nonzero().flatten()
+    # Rows of zero weight could not fill a cluster, so they are never picked.
+    far_scores = sq_distances if sample_weight is None else torch.where(sample_weight > 0, sq_distances, -1.0)
+    far = torch.topk(far_scores, empty_ids.numel()).indices
+    rows = data.take(far).to(sums.dtype)
+    w = torch.ones(far.numel(), dtype=sums.dtype, device=sums.device) if sample_weight is None else sample_weight[far].to(sums.dtype)
+    weighted_rows = rows * w.unsqueeze(1)
+    old = labels[far]
+    sums.index_add_(0, old, -weighted_rows)
+    counts.index_add_(0, old, -w)
+    sums[empty_ids] = weighted_rows
+    counts[empty_ids] = w
+
+
+def new_centroids(sums: torch.Tensor, counts: torch.Tensor, old: torch.Tensor, normalize: bool) -> torch.Tensor:
+    # Clusters with no weight keep their centroid: never NaN.
+    filled = counts > 0
+    means = sums / torch.where(filled, counts, torch.ones_like(counts)).unsqueeze(1)
+    new = torch.where(filled.unsqueeze(1), means.to(old.dtype), old)
+    if normalize:
+        norms = torch.linalg.vector_norm(new, dim=1, keepdim=True)
+        # A mean of opposing unit vectors can vanish; keep the old direction then.
+        new = torch.where(norms > 1e-12, new / norms.clamp_min(1e-30), old)
+    return new
+
+
+def lloyd(
+    data: DataView,
+    centroids: torch.Tensor,
+    *,
+    sample_weight: torch.Tensor | None,
+    max_iter: int,
+    tol: float,
+    on_iteration: Callable[[IterationStats], None] | None = None,
+) -> FitOutput:
+    """Lloyd iterations from ``centroids`` (in the data's transformed space) until convergence.
+
+    Converges when no label changes (strict) or the total squared centroid shift is at most ``tol``
+    (already scaled to the data), or after ``max_iter`` iterations; then assigns once more so the
+    labels returned match the centroids returned.
+    """
+    k = centroids.shape[0]
+    c = centroids.to(data.dtype).clone()
+    prev_labels: torch.Tensor | None = None
+    history: list[IterationStats] = []
+    strict = converged = False
+    labels = sq = None
+    for it in range(max_iter):
+        t0 = time.perf_counter()
+        labels, sq = _ops.assign(data, c)
+        sums, counts = _ops.update(data, labels, k, sample_weight)
+        empty = counts <= 0
+        n_empty = int(empty.sum())
+        if n_empty:
+            _relocate_empty(data, labels, sq, sums, counts, empty, sample_weight)
+        new_c = new_centroids(sums, counts, c, data.normalize)
+        shift = ((new_c - c) ** 2).sum()
+        inertia = _weighted_sum(_metric_distance(sq, data.normalize), sample_weight)
+        changed = torch.tensor(data.n_samples, device=data.device) if prev_labels is None else (labels != prev_labels).sum()
+        inertia_f, shift_f, changed_f = torch.stack([inertia.double(), shift.double(), changed.double()]).tolist()
+        c = new_c
+        stats = IterationStats(it + 1, inertia_f, shift_f, int(changed_f), n_empty, time.perf_counter() - t0)
+        history.append(stats)
+        if on_iteration is not None:
+            on_iteration(stats)
+        if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:
+            strict = converged = True
+            break
+        if shift_f <= tol:
+            converged = True
+            break
+        prev_labels = labels
+    if not strict:
+        labels, sq = _ops.assign(data, c)
+    inertia = float(_weighted_sum(_metric_distance(sq, data.normalize), sample_weight))
+    return FitOutput(c, labels, inertia, len(history), history, converged)
+
+
+def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None) -> float:
+    """Mean over features of the (weighted) variance: the scale that ``tol`` is relative to."""
+    acc = accumulator_dtype(data)
+    total = torch.zeros(data.n_features, dtype=acc, device=data.device)
+    total_sq = torch.zeros_like(total)
+    for start, stop, rows in data.chunks(data.n_features):
+        rows = rows.to(acc)
+        w = None if sample_weight is None else sample_weight[start:stop].to(acc)
+        total += rows.sum(0) if w is None else w @ rows
+        total_sq += (rows * rows).sum(0) if w is None else w @ (rows * rows)
+    n_eff = data.n_samples if sample_weight is None else sample_weight.to(acc).sum()
+    mean = total / n_eff
+    return float((total_sq / n_eff - mean * mean).clamp_min(0).mean())
+
+
+def _check_nonzero_rows(x: torch.Tensor) -> None:
+    for start, stop in iter_row_chunks(x.shape[0], x.shape[1]):
+        zero = torch.linalg.vector_norm(x[start:stop].to(compute_dtype(x.dtype)), dim=1) == 0
+        if bool(zero.any()):
+            first = int(zero.nonzero()[0]) + start
+            raise ValueError(
+                f'metric="cosine" needs non-zero rows; x has {int(zero.sum())} all-zero rows in '
+                f"{start}..{stop - 1}, the first at index {first}"
+            )
+
+
+def _data_mean(x: torch.Tensor, dtype: torch.dtype, sample_weight: torch.Tensor | None) -> torch.Tensor:
+    acc = torch.float64 if x.device.type == "cpu" else dtype
+    total = torch.zeros(x.shape[1], dtype=acc, device=x.device)
+    for start, stop in iter_row_chunks(x.shape[0], x.shape[1]):
+        rows = x[start:stop].to(acc)
+        total += rows.sum(0) if sample_weight is None else sample_weight[start:stop].to(acc) @ rows
+    n_eff = x.shape[0] if sample_weight is None else sample_weight.to(acc).sum()
+    return (total / n_eff).to(dtype)
+
+
+def _initial_centroids(
+    init: InitLike,
+    data: DataView,
+    n_clusters: int,
+    generator: torch.Generator,
+    sample_weight: torch.Tensor | None,
+    given: torch.Tensor | None,
+) -> torch.Tensor:
+    if given is not None:
+        return given
+    if isinstance(init, str):
+        if init == "k-means++":
+            return kmeans_plusplus(data, n_clusters, generator, sample_weight)
+        return random_rows(data, n_clusters, generator, sample_weight)
+    # A callable gets the data as the user passed it and returns centroids in that space.
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+    produced = init(data.x, n_clusters, seed)
+    return _to_data_space(check_centroids(produced, n_clusters, data.n_features, "init(...)"), data)
+
+
+def _to_data_space(centroids: torch.Tensor, data: DataView) -> torch.Tensor:
+    c = centroids.to(device=data.device, dtype=data.dtype)
+    if data.offset is not None:
+        c = c - data.offset
+    if data.normalize:
+        norms = torch.linalg.vector_norm(c, dim=1, keepdim=True)
+        if bool((norms == 0).any()):
+            raise ValueError('metric="cosine" needs non-zero initial centroids; init has an all-zero row')
+        c = c / norms
+    return c
+
+
+def check_params(
+    n_clusters: Any, init: Any, n_init: Any, max_iter: Any, tol: Any, metric: Any
+) -> tuple[int, int, int, float]:
+    n_clusters = check_n_clusters(n_clusters)
+    n_init = check_positive_int(n_init, "n_init")
+    max_iter = check_positive_int(max_iter, "max_iter")
+    tol = check_nonnegative_float(tol, "tol")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if isinstance(init, str):
+        if init not in INIT_NAMES:
+            raise ValueError(f"init must be one of {INIT_NAMES}, an array of shape (n_clusters, n_features) or a callable; got {init!r}")
+    elif not (isinstance(init, (torch.Tensor, np.ndarray)) or callable(init)):
+        raise TypeError(f"init must be a string, a tensor/array or a callable, got {type(init).__name__}")
+    return n_clusters, n_init, max_iter, tol
+
+
+def run_kmeans(
+    x: Any,
+    n_clusters: int,
+    *,
+    init: InitLike = "k-means++",
+    n_init: int = 1,
+    max_iter: int = 300,
+    tol: float = 1e-4,
+    metric: str = "euclidean",
+    sample_weight: Any = None,
+    random_state: SeedLike = None,
+    verbose: bool = False,
+    progress: bool = False,
+) -> FitOutput:
+    """Validate, prepare the data view, run ``n_init`` Lloyd fits and return the best, in input space."""
+    n_clusters, n_init, max_iter, tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
+    x = as_data_tensor(x, "x")
+    n, d = x.shape
+    check_n_clusters(n_clusters, n)
+    dtype = compute_dtype(x.dtype)
+    weights = check_sample_weight(sample_weight, x, dtype)
+    normalize = metric == "cosine"
+    if normalize:
+        _check_nonzero_rows(x)
+    # Centering keeps ||x||^2 - 2 x.c + ||c||^2 accurate for data far from the origin.
+    offset = None if normalize else _data_mean(x, dtype, weights)
+    data = DataView(x, dtype, offset, normalize)
+
+    given = None
+    if not isinstance(init, str) and not callable(init):
+        given = _to_data_space(check_centroids(init, n_clusters, d, "init"), data)
+        if n_init != 1:
+            warnings.warn(
+                f"explicit initial centroids were given, so n_init={n_init} runs would all be identical; running once",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            n_init = 1
+
+    tol_abs = tol * _feature_variance_mean(data, weights)
+    generator = make_generator(random_state)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_init * max_iter, desc="k-means", unit="it", leave=False)
+    best: FitOutput | None = None
+    try:
+        for run in range(n_init):
+            t0 = time.perf_counter()
+            c0 = _initial_centroids(init, data, n_clusters, generator, weights, given)
+            t_init = time.perf_counter() - t0
+
+            def on_iteration(stats: IterationStats, run: int = run) -> None:
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(run=run + 1, inertia=f"{stats.inertia:.6g}", changed=stats.labels_changed, refresh=False)
+                if verbose:
+                    logger.info(
+                        "run %d iter %d: inertia %.6g, shift %.3g, %d labels changed, %d empty, %.3fs",
+                        run + 1, stats.iteration, stats.inertia, stats.center_shift,
+                        stats.labels_changed, stats.empty_clusters, stats.seconds,
+                    )
+
+            out = lloyd(data, c0, sample_weight=weights, max_iter=max_iter, tol=tol_abs, on_iteration=on_iteration)
+            if bar is not None:
+                bar.update(max_iter - out.n_iter)
+            if verbose:
+                how = "converged" if out.converged else "stopped at max_iter"
+                logger.info(
+                    "run %d: %s after %d iterations, inertia %.6g (init %.3fs)", run + 1, how, out.n_iter, out.inertia, t_init
+                )
+            if best is None or out.inertia < best.inertia:
+                best = out
+    finally:
+        if bar is not None:
+            bar.close()
+    assert best is not None
+
+    if offset is not None:
+        best.centroids = best.centroids + offset
+    n_distinct = int(torch.unique(best.labels).numel())
+    if n_distinct < n_clusters:
+        warnings.warn(
+            f"only {n_distinct} distinct clusters were found for n_clusters={n_clusters}; x probably has fewer "
+            f"than {n_clusters} distinct points (duplicate centroids are returned)",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+    return best

@@ -1,0 +1,142 @@
+"""Pure-torch assignment and centroid update: the CPU engine and the oracle for every kernel.
+
+Everything here works chunk by chunk over the rows of ``x`` so that no n x k distance matrix is
+ever held whole, and so that half-precision input, mean-centering and row normalisation happen on
+one chunk at a time instead of on a full copy of the data.
+
+Precision contract: distances are computed in ``compute_dtype`` (float32 for float16/bfloat16/float32
+inputs, float64 for float64 inputs) through the expansion ``||x||^2 - 2 x.c + ||c||^2``; ties in the
+argmin break to the lowest centroid index, as in numpy, faiss and scikit-learn. On CUDA the matrix
+product follows ``torch.backends.cuda.matmul.allow_tf32`` (off by default), so the reference is an
+fp32 oracle unless the caller opted into tf32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._validation import iter_row_chunks
+
+__all__ = ["DataView", "assign", "pairwise_sq_distances", "update"]
+
+# Temporaries of one chunk (a rows x k distance block) stay near this many elements.
+_ASSIGN_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class DataView:
+    """How to read the raw rows of ``x``: cast, centre on ``offset``, and optionally L2-normalise.
+
+    The transformation is applied per chunk, so that neither a float32 copy of half-precision data
+    nor a centred copy of the data ever exists in full.
+    """
+
+    x: torch.Tensor
+    dtype: torch.dtype
+    offset: torch.Tensor | None = None
+    normalize: bool = False
+
+    @property
+    def n_samples(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def transform(self, raw: torch.Tensor) -> torch.Tensor:
+        rows = raw.to(self.dtype)
+        if self.offset is not None:
+            rows = rows - self.offset
+        if self.normalize:
+            rows = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        return rows
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        return self.transform(self.x[start:stop])
+
+    def take(self, index: torch.Tensor) -> torch.Tensor:
+        """Transformed rows at ``index`` (any device; moved to the data's)."""
+        return self.transform(self.x.index_select(0, index.to(self.device)))
+
+    def chunks(self, width: int, chunk_size: int | None = None):
+        """Yield ``(start, stop, rows)`` with ``rows`` already transformed."""
+        if chunk_size is None:
+            chunk_size = max(1, _ASSIGN_CHUNK_ELEMENTS // max(1, width, self.n_features))
+        for start, stop in iter_row_chunks(self.n_samples, width, chunk_size):
+            yield start, stop, self.rows(start, stop)
+
+
+def pairwise_sq_distances(rows: torch.Tensor, centroids: torch.Tensor, centroid_sq_norms: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distances of one chunk of rows to all centroids, clamped at 0."""
+    row_sq_norms = torch.einsum("ij,ij->i", rows, rows)
+    dist = torch.addmm(centroid_sq_norms.unsqueeze(0), rows, centroids.T, alpha=-2.0)
+    return dist.add_(row_sq_norms.unsqueeze(1)).clamp_min_(0.0)
+
+
+def assign(data: DataView, centroids: torch.Tensor, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid of every row.
+
+    Returns ``labels`` (int64, shape (n,)) and ``sq_distances`` (``data.dtype``, shape (n,)): the squared
+    Euclidean distance from each transformed row to its centroid, computed as ``||x - c||^2``
+    directly. Ties go to the lowest index.
+    """
+    c = centroids.to(data.dtype)
+    c_sq = torch.einsum("ij,ij->i", c, c)
+    labels = torch.empty(data.n_samples, dtype=torch.int64, device=data.device)
+    sq_distances = torch.empty(data.n_samples, dtype=data.dtype, device=data.device)
+    for start, stop, rows in data.chunks(c.shape[0], chunk_size):
+        # argmin of ||c||^2 - 2 x.c: adding ||x||^2 afterwards cannot change the winner.
+        scores = torch.addmm(c_sq.unsqueeze(0), rows, c.T, alpha=-2.0)
+        idx = scores.argmin(dim=1)
+        labels[start:stop] = idx
+        # The expansion loses absolute precision when ||x|| is large; the winner's distance is
+        # recomputed directly (O(n d)), so inertia is accurate to fp32 rounding of the difference.
+        diff = rows - c.index_select(0, idx)
+        sq_distances[start:stop] = torch.einsum("ij,ij->i", diff, diff)
+    return labels, sq_distances
+
+
+def accumulator_dtype(data: DataView) -> torch.dtype:
+    # float64 sums are cheap on a CPU and make the CPU engine a tight oracle; GPUs keep fp32
+    # accumulators (consumer parts have slow float64), with data centred so sums stay small.
+    return torch.float64 if data.device.type == "cpu" else data.dtype
+
+
+def update(
+    data: DataView,
+    labels: torch.Tensor,
+    n_clusters: int,
+    sample_weight: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-cluster weighted sums of the transformed rows and the per-cluster total weight.
+
+    Returns ``sums`` (k, d) and ``counts`` (k,) in the accumulator dtype. Deterministic: CPU
+    ``index_add_`` runs serially per output row, and CUDA ``index_put_(accumulate=True)`` sorts.
+    """
+    acc = accumulator_dtype(data)
+    sums = torch.zeros(n_clusters, data.n_features, dtype=acc, device=data.device)
+    counts = torch.zeros(n_clusters, dtype=acc, device=data.device)
+    on_cpu = data.device.type == "cpu"
+    for start, stop, rows in data.chunks(data.n_features, chunk_size):
+        rows = rows.to(acc)
+        lab = labels[start:stop]
+        if sample_weight is None:
+            w = torch.ones(stop - start, dtype=acc, device=data.device)
+        else:
+            w = sample_weight[start:stop].to(acc)
+            rows = rows * w.unsqueeze(1)
+        if on_cpu:
+            sums.index_add_(0, lab, rows)
+            counts.index_add_(0, lab, w)
+        else:
+            sums.index_put_((lab,), rows, accumulate=True)
+            counts.index_put_((lab,), w, accumulate=True)
+    return sums, counts

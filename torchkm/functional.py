@@ -1,0 +1,148 @@
+"""Functional k-means: ``fit``, ``assign`` and ``update`` on tensors, no module state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _ops
+from ._loop import InitLike, IterationStats, SeedLike, new_centroids, run_kmeans
+from ._reference import DataView
+from ._validation import as_data_tensor, check_same_device, ensure_finite, check_sample_weight, compute_dtype
+
+__all__ = ["KMeansResult", "assign", "fit", "transform", "update"]
+
+
+@dataclass
+class KMeansResult:
+    """What ``torchkm.fit`` returns.
+
+    Attributes:
+        centroids: (n_clusters, n_features) tensor on the input's device, float32 (float64 for
+            float64 input).
+        labels: (n_samples,) int64 index of each row's centroid; matches ``centroids``.
+        inertia: sum of (weighted) distances of rows to their centroid: squared Euclidean for
+            ``metric="euclidean"``, cosine distance ``1 - cos`` for ``metric="cosine"``.
+        n_iter: Lloyd iterations run by the best of the ``n_init`` runs.
+        history: one :class:`IterationStats` per iteration of that run.
+        converged: whether that run met a convergence criterion before ``max_iter``.
+    """
+
+    centroids: torch.Tensor
+    labels: torch.Tensor
+    inertia: float
+    n_iter: int
+    history: list[IterationStats] = field(default_factory=list)
+    converged: bool = False
+
+
+def fit(
+    x: Any,
+    n_clusters: int,
+    *,
+    init: InitLike = "k-means++",
+    n_init: int = 1,
+    max_iter: int = 300,
+    tol: float = 1e-4,
+    metric: str = "euclidean",
+    sample_weight: Any = None,
+    random_state: SeedLike = None,
+    verbose: bool = False,
+    progress: bool = False,
+) -> KMeansResult:
+    """Cluster the rows of ``x`` into ``n_clusters`` groups with Lloyd's k-means.
+
+    Args take the meaning of :class:`torchkm.KMeans`'s; ``x`` is a (n_samples, n_features) float
+    tensor on any device, or a numpy array. Results come back on ``x``'s device.
+
+    Example:
+        >>> import torch, torchkm
+        >>> x = torch.randn(1000, 16)
+        >>> result = torchkm.fit(x, 10, random_state=0)
+        >>> result.centroids.shape, result.labels.shape
+        (torch.Size([10, 16]), torch.Size([1000]))
+    """
+    out = run_kmeans(
+        x, n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol, metric=metric,
+        sample_weight=sample_weight, random_state=random_state, verbose=verbose, progress=progress,
+    )
+    return KMeansResult(out.centroids, out.labels, out.inertia, out.n_iter, out.history, out.converged)
+
+
+def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str) -> tuple[DataView, torch.Tensor]:
+    """A data view and centroids in one shared space for queries against fitted centroids.
+
+    Euclidean queries are centred on the centroids' mean, which keeps the distance expansion exact
+    enough for data far from the origin; cosine queries are row-normalised.
+    """
+    if metric not in ("euclidean", "cosine"):
+        raise ValueError(f"metric must be 'euclidean' or 'cosine', got {metric!r}")
+    dtype = compute_dtype(x.dtype, centroids.dtype)
+    c = centroids.to(dtype)
+    if metric == "cosine":
+        norms = torch.linalg.vector_norm(x.to(dtype), dim=1)
+        if bool((norms == 0).any()):
+            raise ValueError(f'metric="cosine" needs non-zero rows; x has {int((norms == 0).sum())} all-zero rows')
+        return DataView(x, dtype, None, True), c / torch.linalg.vector_norm(c, dim=1, keepdim=True)
+    offset = c.mean(0)
+    return DataView(x, dtype, offset, False), c - offset
+
+
+def _checked_query(x: Any, centroids: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    c = as_data_tensor(centroids, "centroids", check_finite=False)
+    x = as_data_tensor(x, "x", check_finite=False)
+    if x.shape[1] != c.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} features but the centroids have {c.shape[1]}")
+    check_same_device(x, c)
+    ensure_finite(c, "centroids")
+    ensure_finite(x, "x")
+    return x, c
+
+
+def assign(x: Any, centroids: Any, *, metric: str = "euclidean") -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid of each row of ``x``.
+
+    Returns:
+        ``(labels, distances)``: int64 labels (ties go to the lowest index) and, per row, the
+        squared Euclidean distance (``metric="euclidean"``) or the cosine distance ``1 - cos``
+        (``metric="cosine"``) to that centroid, in float32 (float64 if either input is float64).
+    """
+    x, c = _checked_query(x, centroids)
+    data, c = query_view(x, c, metric)
+    labels, sq = _ops.assign(data, c)
+    return labels, (sq * 0.5 if metric == "cosine" else sq)
+
+
+def transform(x: Any, centroids: Any, *, metric: str = "euclidean") -> torch.Tensor:
+    """(n_samples, n_clusters) distances of every row to every centroid.
+
+    Euclidean (not squared, as scikit-learn's ``transform``) or cosine distance ``1 - cos``. This
+    is the one call that materialises an n x k matrix, because it is the requested output.
+    """
+    x, c = _checked_query(x, centroids)
+    data, c = query_view(x, c, metric)
+    sq = _ops.sq_distances_to(data, c)
+    return sq * 0.5 if metric == "cosine" else sq.sqrt_()
+
+
+def update(
+    x: Any, labels: torch.Tensor, centroids: Any, *, sample_weight: Any = None, metric: str = "euclidean"
+) -> torch.Tensor:
+    """One centroid update: the (weighted) mean of the rows given each label.
+
+    Clusters that receive no weight keep their row of ``centroids``. For ``metric="cosine"`` the
+    means of the normalised rows are normalised again (spherical k-means).
+    """
+    x, c = _checked_query(x, centroids)
+    if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int32, torch.int64) or labels.shape != (x.shape[0],):
+        raise ValueError(f"labels must be an int32/int64 tensor of shape ({x.shape[0]},)")
+    labels = labels.to(device=x.device, dtype=torch.int64)
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= c.shape[0]):
+        raise ValueError(f"labels must lie in [0, {c.shape[0] - 1}], got range [{int(labels.min())}, {int(labels.max())}]")
+    dtype = compute_dtype(x.dtype, c.dtype)
+    data = DataView(x, dtype, None, metric == "cosine")
+    w = check_sample_weight(sample_weight, x, dtype)
+    sums, counts = _ops.update(data, labels, c.shape[0], w)
+    return new_centroids(sums, counts, c.to(dtype), data.normalize)

@@ -1,0 +1,211 @@
+"""``torchkm.KMeans``: k-means as a ``torch.nn.Module`` whose centroids are a buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import functional as F
+from ._loop import InitLike, IterationStats, SeedLike, check_params, run_kmeans
+from ._validation import as_data_tensor, check_sample_weight
+
+__all__ = ["KMeans", "NotFittedError"]
+
+
+class NotFittedError(AttributeError, ValueError):
+    """A fitted attribute or a prediction was asked of a KMeans that has not been fitted."""
+
+
+_FITTED_PROPERTIES = frozenset({"cluster_centers_", "inertia_", "n_iter_", "n_features_in_"})
+
+
+class KMeans(nn.Module):
+    """k-means clustering (Lloyd's algorithm) with scikit-learn's parameters and attributes.
+
+    Args:
+        n_clusters: number of clusters k (>= 1, <= n_samples).
+        init: ``"k-means++"`` (greedy k-means++, default), ``"random"`` (k distinct rows), a
+            (n_clusters, n_features) tensor or array of initial centroids, or a callable
+            ``init(x, n_clusters, seed) -> centroids``.
+        n_init: number of runs from different initialisations; the one of lowest inertia is kept.
+        max_iter: maximum Lloyd iterations per run.
+        tol: convergence threshold on the total squared centroid shift, relative to the mean
+            per-feature variance of the data (scikit-learn's convention). A run also stops when
+            no label changes.
+        metric: ``"euclidean"`` (squared Euclidean k-means) or ``"cosine"`` (spherical k-means:
+            rows and centroids are L2-normalised; distances are ``1 - cos``).
+        random_state: int seed, ``torch.Generator``, or None to draw from torch's global RNG
+            (so ``torch.manual_seed`` makes fits reproducible). Same seed, same device, same
+            result.
+        verbose: log per-iteration statistics through the ``torchkm`` logger at INFO level.
+        progress: show a tqdm progress bar over iterations.
+
+    Fitted attributes (scikit-learn names): ``cluster_centers_`` (the ``centroids`` buffer),
+    ``labels_``, ``inertia_``, ``n_iter_``, ``n_features_in_``, ``history_`` (one
+    :class:`IterationStats` per iteration of the kept run) and ``converged_``.
+
+    The centroids are a registered buffer, so ``state_dict()`` / ``load_state_dict()`` (also into a
+    fresh, unfitted module), ``.to(device)`` and ``.half()`` behave as for any module. ``labels_``
+    describes the training data and is not part of the state dict. Fitting computes on the
+    input's device and leaves the centroids there, in float32 (float64 for float64 input).
+
+    Example:
+        >>> import torch, torchkm
+        >>> km = torchkm.KMeans(8, random_state=0).fit(torch.randn(500, 4))
+        >>> km.predict(torch.randn(3, 4)).shape
+        torch.Size([3])
+    """
+
+    centroids: torch.Tensor
+
+    def __init__(
+        self,
+        n_clusters: int = 8,
+        *,
+        init: InitLike = "k-means++",
+        n_init: int = 1,
+        max_iter: int = 300,
+        tol: float = 1e-4,
+        metric: str = "euclidean",
+        random_state: SeedLike = None,
+        verbose: bool = False,
+        progress: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_clusters, self.n_init, self.max_iter, self.tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
+        self.init = init
+        self.metric = metric
+        self.random_state = random_state
+        self.verbose = verbose
+        self.progress = progress
+        self.register_buffer("centroids", torch.empty(0, 0))
+        self.labels_: torch.Tensor | None = None
+        self._inertia: float | None = None
+        self._n_iter: int | None = None
+        self.history_: list[IterationStats] = []
+        self.converged_: bool | None = None
+
+    # -- fitted state ---------------------------------------------------------------------------
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.centroids.numel() > 0
+
+    def _require_fitted(self, what: str) -> None:
+        if not self.is_fitted:
+            raise NotFittedError(f"this KMeans is not fitted yet; call .fit(x) before {what}")
+
+    def __getattr__(self, name: str) -> Any:
+        # A property that raises AttributeError falls through to nn.Module.__getattr__, whose
+        # message would hide ours; hasattr(km, "cluster_centers_") stays False before fit.
+        if name in _FITTED_PROPERTIES:
+            raise NotFittedError(f"this KMeans is not fitted yet; call .fit(x) before reading {name}")
+        return super().__getattr__(name)
+
+    @property
+    def cluster_centers_(self) -> torch.Tensor:
+        self._require_fitted("reading cluster_centers_")
+        return self.centroids
+
+    @property
+    def inertia_(self) -> float:
+        self._require_fitted("reading inertia_")
+        assert self._inertia is not None
+        return self._inertia
+
+    @property
+    def n_iter_(self) -> int:
+        self._require_fitted("reading n_iter_")
+        assert self._n_iter is not None
+        return self._n_iter
+
+    @property
+    def n_features_in_(self) -> int:
+        self._require_fitted("reading n_features_in_")
+        return self.centroids.shape[1]
+
+    # -- training -------------------------------------------------------------------------------
+
+    def fit(self, x: Any, sample_weight: Any = None) -> KMeans:
+        """Fit the centroids to the rows of ``x`` (tensor on any device, or numpy array); returns self."""
+        out = run_kmeans(
+            x, self.n_clusters, init=self.init, n_init=self.n_init, max_iter=self.max_iter, tol=self.tol,
+            metric=self.metric, sample_weight=sample_weight, random_state=self.random_state,
+            verbose=self.verbose, progress=self.progress,
+        )
+        self.centroids = out.centroids
+        self.labels_ = out.labels
+        self._inertia = out.inertia
+        self._n_iter = out.n_iter
+        self.history_ = out.history
+        self.converged_ = out.converged
+        return self
+
+    def fit_predict(self, x: Any, sample_weight: Any = None) -> torch.Tensor:
+        """Fit, then return the training labels (they match the fitted centroids)."""
+        labels = self.fit(x, sample_weight).labels_
+        assert labels is not None
+        return labels
+
+    # -- inference ------------------------------------------------------------------------------
+
+    def _checked(self, x: Any) -> torch.Tensor:
+        # Full validation happens in functional; this only gives the module's own messages first.
+        self._require_fitted("predicting")
+        x = as_data_tensor(x, "x", check_finite=False)
+        if x.shape[1] != self.centroids.shape[1]:
+            raise ValueError(
+                f"x has {x.shape[1]} features, but this KMeans was fitted on {self.centroids.shape[1]}"
+            )
+        return x
+
+    def predict(self, x: Any) -> torch.Tensor:
+        """Index (int64) of the nearest centroid for each row of ``x``."""
+        return F.assign(self._checked(x), self.centroids, metric=self.metric)[0]
+
+    def forward(self, x: Any) -> torch.Tensor:
+        """Same as :meth:`predict`."""
+        return self.predict(x)
+
+    def transform(self, x: Any) -> torch.Tensor:
+        """(n_samples, n_clusters) distances to every centroid: Euclidean (not squared), or ``1 - cos``."""
+        return F.transform(self._checked(x), self.centroids, metric=self.metric)
+
+    def score(self, x: Any, sample_weight: Any = None) -> float:
+        """Opposite of the (weighted) inertia of ``x`` against the fitted centroids: higher is better."""
+        x = self._checked(x)
+        _, dist = F.assign(x, self.centroids, metric=self.metric)
+        w = check_sample_weight(sample_weight, x, dist.dtype)
+        return -float(dist.sum() if w is None else dist @ w)
+
+    # -- state dict -----------------------------------------------------------------------------
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"n_clusters": self.n_clusters, "metric": self.metric, "inertia_": self._inertia,
+                "n_iter_": self._n_iter, "converged_": self.converged_}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if state.get("metric", self.metric) != self.metric:
+            raise ValueError(f"state was saved with metric={state['metric']!r}, this KMeans has metric={self.metric!r}")
+        self._inertia = state.get("inertia_")
+        self._n_iter = state.get("n_iter_")
+        self.converged_ = state.get("converged_")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # type: ignore[override]
+        key = prefix + "centroids"
+        incoming = state_dict.get(key)
+        if isinstance(incoming, torch.Tensor) and incoming.shape != self.centroids.shape:
+            if incoming.dim() != 2 or (incoming.numel() and incoming.shape[0] != self.n_clusters):
+                error_msgs.append(
+                    f"{key}: saved centroids have shape {tuple(incoming.shape)}, but this KMeans has n_clusters={self.n_clusters}"
+                )
+                return
+            # An unfitted module takes the saved shape, like a lazy module materialising.
+            self.centroids = torch.empty(incoming.shape, dtype=incoming.dtype, device=self.centroids.device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def extra_repr(self) -> str:
+        fitted = f", n_features={self.centroids.shape[1]}" if self.is_fitted else ", unfitted"
+        return f"n_clusters={self.n_clusters}, metric={self.metric!r}{fitted}"
