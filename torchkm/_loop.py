@@ -62,7 +62,20 @@ class IterationStats:
 
 
 @dataclass
-class FitOutput:
+class KMeansResult:
+    """What ``torchkm.fit`` returns.
+
+    Attributes:
+        centroids: (n_clusters, n_features) tensor on the input's device, float32 (float64 for
+            float64 input).
+        labels: (n_samples,) int64 index of each row's centroid; matches ``centroids``.
+        inertia: sum of (weighted) distances of rows to their centroid: squared Euclidean for
+            ``metric="euclidean"``, cosine distance ``1 - cos`` for ``metric="cosine"``.
+        n_iter: Lloyd iterations run by the best of the ``n_init`` runs.
+        history: one :class:`IterationStats` per iteration of that run.
+        converged: whether that run met a convergence criterion before ``max_iter``.
+    """
+
     centroids: torch.Tensor
     labels: torch.Tensor
     inertia: float
@@ -146,7 +159,7 @@ def lloyd(
     max_iter: int,
     tol: float,
     on_iteration: Callable[[IterationStats], None] | None = None,
-) -> FitOutput:
+) -> KMeansResult:
     """Lloyd iterations from ``centroids`` (in the data's transformed space) until convergence.
 
     Converges when no label changes (strict) or the total squared centroid shift is at most ``tol``
@@ -187,7 +200,7 @@ def lloyd(
     if not strict:
         labels, sq = _ops.assign(data, c)
     inertia = float(_weighted_sum(_metric_distance(sq, data.normalize), sample_weight))
-    return FitOutput(c, labels, inertia, len(history), history, converged)
+    return KMeansResult(c, labels, inertia, len(history), history, converged)
 
 
 def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None) -> float:
@@ -288,7 +301,7 @@ def run_kmeans(
     random_state: SeedLike = None,
     verbose: bool = False,
     progress: bool = False,
-) -> FitOutput:
+) -> KMeansResult:
     """Validate, prepare the data view, run ``n_init`` Lloyd fits and return the best, in input space."""
     n_clusters, n_init, max_iter, tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
     x = as_data_tensor(x, "x")
@@ -321,7 +334,7 @@ def run_kmeans(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_init * max_iter, desc="k-means", unit="it", leave=False)
-    best: FitOutput | None = None
+    best: KMeansResult | None = None
     try:
         for run in range(n_init):
             t0 = time.perf_counter()

@@ -2,40 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from . import _ops
-from ._loop import InitLike, IterationStats, SeedLike, new_centroids, run_kmeans
+from ._loop import InitLike, KMeansResult, SeedLike, new_centroids, run_kmeans
 from ._reference import DataView
 from ._validation import as_data_tensor, check_same_device, ensure_finite, check_sample_weight, compute_dtype
 
 __all__ = ["KMeansResult", "assign", "fit", "transform", "update"]
-
-
-@dataclass
-class KMeansResult:
-    """What ``torchkm.fit`` returns.
-
-    Attributes:
-        centroids: (n_clusters, n_features) tensor on the input's device, float32 (float64 for
-            float64 input).
-        labels: (n_samples,) int64 index of each row's centroid; matches ``centroids``.
-        inertia: sum of (weighted) distances of rows to their centroid: squared Euclidean for
-            ``metric="euclidean"``, cosine distance ``1 - cos`` for ``metric="cosine"``.
-        n_iter: Lloyd iterations run by the best of the ``n_init`` runs.
-        history: one :class:`IterationStats` per iteration of that run.
-        converged: whether that run met a convergence criterion before ``max_iter``.
-    """
-
-    centroids: torch.Tensor
-    labels: torch.Tensor
-    inertia: float
-    n_iter: int
-    history: list[IterationStats] = field(default_factory=list)
-    converged: bool = False
 
 
 def fit(
@@ -64,11 +40,10 @@ def fit(
         >>> result.centroids.shape, result.labels.shape
         (torch.Size([10, 16]), torch.Size([1000]))
     """
-    out = run_kmeans(
+    return run_kmeans(
         x, n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol, metric=metric,
         sample_weight=sample_weight, random_state=random_state, verbose=verbose, progress=progress,
     )
-    return KMeansResult(out.centroids, out.labels, out.inertia, out.n_iter, out.history, out.converged)
 
 
 def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str) -> tuple[DataView, torch.Tensor]:
