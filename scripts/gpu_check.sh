@@ -2,7 +2,8 @@
 # Everything a GPU session checks, in one call of the device tool:
 #   device tool: run `bash scripts/gpu_check.sh` with carry [".whl"] (faiss-cpu wheel for the demo and faiss tests).
 # Installs torchkm over the image's own torch/Triton (no downloads), then runs the whole test suite
-# on the GPU machine (CUDA tests included) and the quickstart on CUDA. Logs and pictures go to $OUT.
+# on the GPU machine (CUDA and kernel tests included), the quickstart on CUDA, and the assignment
+# benchmark. Logs, pictures and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -18,4 +19,5 @@ python3 -c "import faiss; print('faiss', faiss.__version__)" || echo "faiss miss
 python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/pytest_gpu.log"
 status=${PIPESTATUS[0]}
 python3 examples/quickstart.py --device cuda --out "$OUT/quickstart_digits_cuda.png" 2>&1 | tee "$OUT/quickstart_cuda.log"
+python3 benchmarks/bench_assign.py --json "$OUT/bench_assign.json" 2>&1 | tee "$OUT/bench_assign.log"
 exit "$status"
