@@ -42,7 +42,6 @@ def ceilings() -> dict[str, float]:
     x = torch.randn(256 * 2**20, device="cuda")  # 1 GiB
     y = torch.empty_like(x)
     copy_tbs = 2 * x.numel() * 4 / (ms(lambda: y.copy_(x)) * 1e-3) / 1e12
-    del x, y
     a = torch.randn(8192, 8192, device="cuda")
     b = torch.randn(8192, 8192, device="cuda")
     flops = 2 * 8192**3
@@ -108,7 +107,6 @@ def main() -> None:
         rows.append(row)
         print(f"{name:<12} {n:>11,} {d:>4} {k:>5} | {row['ms_torch_fp32']:>10.3f} {row['ms_ieee']:>9.3f} {row['ms_tf32']:>9.3f} {row['ms_bf16']:>9.3f} | "
               f"{row['floor_tf32']:>10.3f} {row['floor_bf16']:>10.3f} | {100 * row['off_tf32']:>9.3f} {100 * row['bad_tf32']:>9.3f} {100 * row['off_bf16']:>9.3f}", flush=True)
-        del x, xb, c
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:

@@ -288,7 +288,7 @@ def check_params(
     return n_clusters, n_init, max_iter, tol
 
 
-def run_kmeans(
+def fit(
     x: Any,
     n_clusters: int,
     *,
@@ -302,7 +302,19 @@ def run_kmeans(
     verbose: bool = False,
     progress: bool = False,
 ) -> KMeansResult:
-    """Validate, prepare the data view, run ``n_init`` Lloyd fits and return the best, in input space."""
+    """Cluster the rows of ``x`` into ``n_clusters`` groups with Lloyd's k-means.
+
+    Args take the meaning of :class:`torchkm.KMeans`'s; ``x`` is a (n_samples, n_features) float
+    tensor on any device, or a numpy array. Results come back on ``x``'s device. Runs ``n_init``
+    fits and returns the one of lowest inertia, centroids in the input's space.
+
+    Example:
+        >>> import torch, torchkm
+        >>> x = torch.randn(1000, 16)
+        >>> result = torchkm.fit(x, 10, random_state=0)
+        >>> result.centroids.shape, result.labels.shape
+        (torch.Size([10, 16]), torch.Size([1000]))
+    """
     n_clusters, n_init, max_iter, tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
     x = as_data_tensor(x, "x")
     n, d = x.shape

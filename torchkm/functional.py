@@ -7,43 +7,11 @@ from typing import Any
 import torch
 
 from . import _ops
-from ._loop import InitLike, KMeansResult, SeedLike, new_centroids, run_kmeans
+from ._loop import KMeansResult, fit, new_centroids
 from ._reference import DataView
 from ._validation import as_data_tensor, check_same_device, ensure_finite, check_sample_weight, compute_dtype
 
 __all__ = ["KMeansResult", "assign", "fit", "transform", "update"]
-
-
-def fit(
-    x: Any,
-    n_clusters: int,
-    *,
-    init: InitLike = "k-means++",
-    n_init: int = 1,
-    max_iter: int = 300,
-    tol: float = 1e-4,
-    metric: str = "euclidean",
-    sample_weight: Any = None,
-    random_state: SeedLike = None,
-    verbose: bool = False,
-    progress: bool = False,
-) -> KMeansResult:
-    """Cluster the rows of ``x`` into ``n_clusters`` groups with Lloyd's k-means.
-
-    Args take the meaning of :class:`torchkm.KMeans`'s; ``x`` is a (n_samples, n_features) float
-    tensor on any device, or a numpy array. Results come back on ``x``'s device.
-
-    Example:
-        >>> import torch, torchkm
-        >>> x = torch.randn(1000, 16)
-        >>> result = torchkm.fit(x, 10, random_state=0)
-        >>> result.centroids.shape, result.labels.shape
-        (torch.Size([10, 16]), torch.Size([1000]))
-    """
-    return run_kmeans(
-        x, n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol, metric=metric,
-        sample_weight=sample_weight, random_state=random_state, verbose=verbose, progress=progress,
-    )
 
 
 def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str) -> tuple[DataView, torch.Tensor]:

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from . import functional as F
-from ._loop import InitLike, IterationStats, SeedLike, check_params, run_kmeans
+from . import _loop
+from ._loop import InitLike, IterationStats, SeedLike, check_params
 from ._validation import as_data_tensor, check_sample_weight
 
 __all__ = ["KMeans", "NotFittedError"]
@@ -130,7 +131,7 @@ class KMeans(nn.Module):
 
     def fit(self, x: Any, sample_weight: Any = None) -> KMeans:
         """Fit the centroids to the rows of ``x`` (tensor on any device, or numpy array); returns self."""
-        out = run_kmeans(
+        out = _loop.fit(
             x, self.n_clusters, init=self.init, n_init=self.n_init, max_iter=self.max_iter, tol=self.tol,
             metric=self.metric, sample_weight=sample_weight, random_state=self.random_state,
             verbose=self.verbose, progress=self.progress,

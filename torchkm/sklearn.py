@@ -15,7 +15,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Cluster
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
-from ._loop import run_kmeans
+from ._loop import fit as _fit
 from .functional import assign as _assign
 from .functional import transform as _transform
 
@@ -84,7 +84,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
         if isinstance(init, np.ndarray):
             init = self._tensor(init)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
-        out = run_kmeans(
+        out = _fit(
             self._tensor(X), self.n_clusters, init=init, n_init=self.n_init, max_iter=self.max_iter,
             tol=self.tol, metric=self.metric,
             sample_weight=None if sample_weight is None else torch.from_numpy(sample_weight),
