@@ -110,3 +110,6 @@ def test_cosine_rejects_zero_rows():
     x[7] = 0
     with pytest.raises(ValueError, match="1 all-zero rows.*index 7"):
         torchkm.fit(x, 2, metric="cosine")
+    km = torchkm.KMeans(2, metric="cosine", random_state=0).fit(X)
+    with pytest.raises(ValueError, match="1 all-zero rows.*index 7"):
+        km.predict(x)

@@ -22,6 +22,7 @@ from ._validation import (
     check_centroids,
     check_n_clusters,
     check_nonnegative_float,
+    check_nonzero_rows,
     check_positive_int,
     check_sample_weight,
     compute_dtype,
@@ -218,17 +219,6 @@ def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None) -
     return float((total_sq / n_eff - mean * mean).clamp_min(0).mean())
 
 
-def _check_nonzero_rows(x: torch.Tensor) -> None:
-    for start, stop in iter_row_chunks(x.shape[0], x.shape[1]):
-        zero = torch.linalg.vector_norm(x[start:stop].to(compute_dtype(x.dtype)), dim=1) == 0
-        if bool(zero.any()):
-            first = int(zero.nonzero()[0]) + start
-            raise ValueError(
-                f'metric="cosine" needs non-zero rows; x has {int(zero.sum())} all-zero rows in '
-                f"{start}..{stop - 1}, the first at index {first}"
-            )
-
-
 def _data_mean(x: torch.Tensor, dtype: torch.dtype, sample_weight: torch.Tensor | None) -> torch.Tensor:
     acc = torch.float64 if x.device.type == "cpu" else dtype
     total = torch.zeros(x.shape[1], dtype=acc, device=x.device)
@@ -323,7 +313,7 @@ def fit(
     weights = check_sample_weight(sample_weight, x, dtype)
     normalize = metric == "cosine"
     if normalize:
-        _check_nonzero_rows(x)
+        check_nonzero_rows(x)
     # Centering keeps ||x||^2 - 2 x.c + ||c||^2 accurate for data far from the origin.
     offset = None if normalize else _data_mean(x, dtype, weights)
     data = DataView(x, dtype, offset, normalize)

@@ -17,6 +17,7 @@ __all__ = [
     "ensure_finite",
     "check_centroids",
     "check_n_clusters",
+    "check_nonzero_rows",
     "check_sample_weight",
     "check_same_device",
     "compute_dtype",
@@ -187,6 +188,18 @@ def check_centroids(centroids: Any, n_clusters: int | None, n_features: int, nam
             f"({c.shape[0]}, {n_features}), got {tuple(c.shape)}"
         )
     return c
+
+
+def check_nonzero_rows(x: torch.Tensor) -> None:
+    """Cosine k-means needs a direction for every row; checked chunk by chunk."""
+    for start, stop in iter_row_chunks(x.shape[0], x.shape[1]):
+        zero = torch.linalg.vector_norm(x[start:stop].to(compute_dtype(x.dtype)), dim=1) == 0
+        if bool(zero.any()):
+            first = int(zero.nonzero()[0]) + start
+            raise ValueError(
+                f'metric="cosine" needs non-zero rows; x has {int(zero.sum())} all-zero rows in '
+                f"{start}..{stop - 1}, the first at index {first}"
+            )
 
 
 def check_same_device(x: torch.Tensor, other: torch.Tensor, what: str = "the centroids") -> None:

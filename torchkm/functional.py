@@ -9,7 +9,14 @@ import torch
 from . import _ops
 from ._loop import KMeansResult, fit, new_centroids
 from ._reference import DataView
-from ._validation import as_data_tensor, check_same_device, ensure_finite, check_sample_weight, compute_dtype
+from ._validation import (
+    as_data_tensor,
+    check_nonzero_rows,
+    check_same_device,
+    check_sample_weight,
+    compute_dtype,
+    ensure_finite,
+)
 
 __all__ = ["KMeansResult", "assign", "fit", "transform", "update"]
 
@@ -25,9 +32,7 @@ def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str) -> tuple[D
     dtype = compute_dtype(x.dtype, centroids.dtype)
     c = centroids.to(dtype)
     if metric == "cosine":
-        norms = torch.linalg.vector_norm(x.to(dtype), dim=1)
-        if bool((norms == 0).any()):
-            raise ValueError(f'metric="cosine" needs non-zero rows; x has {int((norms == 0).sum())} all-zero rows')
+        check_nonzero_rows(x)
         return DataView(x, dtype, None, True), c / torch.linalg.vector_norm(c, dim=1, keepdim=True)
     offset = c.mean(0)
     return DataView(x, dtype, offset, False), c - offset
