@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from torchkm.cli import main, read_vectors
 from tests.helpers import blobs
+from torchkm.cli import main, read_vectors
 
 
 def _write_fvecs(path, x):

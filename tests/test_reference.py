@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchkm._reference import DataView, assign, update
 from tests.helpers import assert_labels_match_except_near_ties, f64_sq_distances
+from torchkm._reference import DataView, assign, update
 
 
 @pytest.mark.parametrize("d", [1, 3, 17, 129])

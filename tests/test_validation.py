@@ -102,7 +102,7 @@ def test_assign_checks_centroids_and_devices():
         torchkm.assign(X, torch.tensor([[float("inf"), 0.0, 0.0]]))
     meta = torch.randn(4, 3, device="meta")
     with pytest.raises(ValueError, match="x is on cpu but the centroids are on meta"):
-        torchkm.functional._checked_query(X, meta)
+        torchkm.functional._checked_query(X, meta, "euclidean")
 
 
 def test_cosine_rejects_zero_rows():

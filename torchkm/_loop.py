@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from ._validation import (
     check_nonnegative_float,
     check_nonzero_rows,
     check_positive_int,
+    check_precision,
     check_sample_weight,
     compute_dtype,
     iter_row_chunks,
@@ -159,48 +161,59 @@ def lloyd(
     sample_weight: torch.Tensor | None,
     max_iter: int,
     tol: float,
+    deterministic: bool = False,
     on_iteration: Callable[[IterationStats], None] | None = None,
 ) -> KMeansResult:
     """Lloyd iterations from ``centroids`` (in the data's transformed space) until convergence.
 
     Converges when no label changes (strict) or the total squared centroid shift is at most ``tol``
     (already scaled to the data), or after ``max_iter`` iterations; then assigns once more so the
-    labels returned match the centroids returned.
+    labels returned match the centroids returned. Each iteration synchronises with the device once,
+    to read its statistics (a second time only when a cluster went empty).
     """
-    k = centroids.shape[0]
     c = centroids.to(data.dtype).clone()
     prev_labels: torch.Tensor | None = None
     history: list[IterationStats] = []
     strict = converged = False
-    labels = sq = None
+    labels: torch.Tensor | None = None
+    inertia_f = float("nan")
     for it in range(max_iter):
         t0 = time.perf_counter()
-        labels, sq = _ops.assign(data, c)
-        sums, counts = _ops.update(data, labels, k, sample_weight)
+        step = _ops.lloyd_step(data, c, prev_labels, sample_weight, deterministic)
+        labels, sums, counts = step.labels, step.sums, step.counts
         empty = counts <= 0
-        n_empty = int(empty.sum())
-        if n_empty:
-            _relocate_empty(data, labels, sq, sums, counts, empty, sample_weight)
         new_c = new_centroids(sums, counts, c, data.normalize)
         shift = ((new_c - c) ** 2).sum()
-        inertia = _weighted_sum(_metric_distance(sq, data.normalize), sample_weight)
-        changed = torch.tensor(data.n_samples, device=data.device) if prev_labels is None else (labels != prev_labels).sum()
-        inertia_f, shift_f, changed_f = torch.stack([inertia.double(), shift.double(), changed.double()]).tolist()
+        inertia_f, shift_f, changed_f, empty_f = torch.stack(
+            [step.inertia.double(), shift.double(), step.changed.double(), empty.sum().double()]
+        ).tolist()
+        n_empty = int(empty_f)
+        if n_empty:
+            sq = step.sq_distances if step.sq_distances is not None else _ops.assign(data, c)[1]
+            _relocate_empty(data, labels, sq, sums, counts, empty, sample_weight)
+            new_c = new_centroids(sums, counts, c, data.normalize)
+            shift_f = float(((new_c - c) ** 2).sum())
+        if data.normalize:
+            inertia_f *= 0.5
         c = new_c
         stats = IterationStats(it + 1, inertia_f, shift_f, int(changed_f), n_empty, time.perf_counter() - t0)
         history.append(stats)
         if on_iteration is not None:
             on_iteration(stats)
         if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:
+            # The centroids are the means of unchanged clusters, so the labels and inertia stand.
             strict = converged = True
             break
         if shift_f <= tol:
             converged = True
             break
         prev_labels = labels
-    if not strict:
+    if strict:
+        inertia = inertia_f
+    else:
         labels, sq = _ops.assign(data, c)
-    inertia = float(_weighted_sum(_metric_distance(sq, data.normalize), sample_weight))
+        inertia = float(_weighted_sum(_metric_distance(sq, data.normalize), sample_weight))
+    assert labels is not None
     return KMeansResult(c, labels, inertia, len(history), history, converged)
 
 
@@ -289,12 +302,14 @@ def fit(
     metric: str = "euclidean",
     sample_weight: Any = None,
     random_state: SeedLike = None,
+    precision: str = "exact",
+    deterministic: bool | None = None,
     verbose: bool = False,
     progress: bool = False,
 ) -> KMeansResult:
     """Cluster the rows of ``x`` into ``n_clusters`` groups with Lloyd's k-means.
 
-    Args take the meaning of :class:`torchkm.KMeans`'s; ``x`` is a (n_samples, n_features) float
+    Args take the meaning of :class:`torchkm.KMeans`'s (``precision`` and ``deterministic`` included); ``x`` is a (n_samples, n_features) float
     tensor on any device, or a numpy array. Results come back on ``x``'s device. Runs ``n_init``
     fits and returns the one of lowest inertia, centroids in the input's space.
 
@@ -306,6 +321,9 @@ def fit(
         (torch.Size([10, 16]), torch.Size([1000]))
     """
     n_clusters, n_init, max_iter, tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
+    check_precision(precision)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     x = as_data_tensor(x, "x")
     n, d = x.shape
     check_n_clusters(n_clusters, n)
@@ -316,7 +334,7 @@ def fit(
         check_nonzero_rows(x)
     # Centering keeps ||x||^2 - 2 x.c + ||c||^2 accurate for data far from the origin.
     offset = None if normalize else _data_mean(x, dtype, weights)
-    data = DataView(x, dtype, offset, normalize)
+    data = DataView(x, dtype, offset, normalize, precision)
 
     given = None
     if not isinstance(init, str) and not callable(init):
@@ -354,7 +372,10 @@ def fit(
                         stats.labels_changed, stats.empty_clusters, stats.seconds,
                     )
 
-            out = lloyd(data, c0, sample_weight=weights, max_iter=max_iter, tol=tol_abs, on_iteration=on_iteration)
+            out = lloyd(
+                data, c0, sample_weight=weights, max_iter=max_iter, tol=tol_abs,
+                deterministic=deterministic, on_iteration=on_iteration,
+            )
             if bar is not None:
                 bar.update(max_iter - out.n_iter)
             if verbose:

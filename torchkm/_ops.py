@@ -1,38 +1,169 @@
 """The one bridge between the public API and the compute engines.
 
-Every distance pass and every centroid update of torchkm goes through the functions here. Today
-they run the pure-torch engine of ``_reference`` on every device; the Triton kernels of
-``torchkm._kernels`` plug in here (registered as ``torch.library`` ops), so that nothing above this
-module changes when they do.
+Every distance pass and every centroid update of torchkm goes through the functions here. CUDA
+tensors of float32/float16/bfloat16 run the Triton kernels of ``torchkm._kernels`` (fused
+assignment, update, exact re-check); CPU tensors and float64 run the pure-torch engine of
+``_reference``. ``TORCHKM_ENGINE=torch`` forces the pure-torch engine everywhere, and
+``TORCHKM_ENGINE=triton`` forces the kernels on CPU tensors too (under ``TRITON_INTERPRET=1``:
+how CI tests the kernel path end to end without a GPU).
+
+``torchkm::assign`` is registered with ``torch.library`` so that ``torch.compile(fullgraph=True)``
+traces ``torchkm.assign`` without graph breaks (through the kernels on CUDA).
 """
 
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
 
 import torch
 
 from . import _reference
 from ._reference import DataView
+from ._validation import PRECISIONS
 
-__all__ = ["assign", "sq_distances_to", "update"]
+__all__ = ["PRECISIONS", "StepResult", "assign", "lloyd_step", "query_view", "sq_distances_to", "update", "uses_kernels"]
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def uses_kernels(data: DataView) -> bool:
+    """Whether the Triton kernels serve this data (else the pure-torch engine)."""
+    engine = os.environ.get("TORCHKM_ENGINE", "auto")
+    if engine == "torch" or data.x.dtype not in _KERNEL_DTYPES or data.dtype != torch.float32:
+        return False
+    return data.device.type == "cuda" or engine == "triton"
+
+
+def _kernel_inputs(data: DataView) -> dict:
+    needs_norms = data.precision == "exact" or data.normalize
+    return dict(
+        precision=data.precision,
+        offset=data.offset,
+        row_scale=data.row_scale,
+        raw_norms=data.raw_norms if needs_norms else None,
+    )
 
 
 def assign(data: DataView, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels (int64) and squared distances to the nearest centroid, in the data's transformed space."""
-    return _reference.assign(data, centroids)
+    if not uses_kernels(data):
+        return _reference.assign(data, centroids)
+    from ._kernels.assign import assign as kernel_assign
+
+    out = kernel_assign(data.x, centroids, **_kernel_inputs(data))
+    return out.labels, out.sq_dist
+
+
+@dataclass
+class StepResult:
+    """One assignment + accumulation pass of Lloyd's algorithm; scalars stay on the device."""
+
+    labels: torch.Tensor
+    sq_distances: torch.Tensor | None  # None when the fused pass did not store them
+    sums: torch.Tensor
+    counts: torch.Tensor
+    inertia: torch.Tensor  # sum of weight * squared distance (0-d)
+    changed: torch.Tensor  # rows whose label differs from prev_labels, all rows without it (0-d)
+
+
+def lloyd_step(
+    data: DataView,
+    centroids: torch.Tensor,
+    prev_labels: torch.Tensor | None,
+    sample_weight: torch.Tensor | None,
+    deterministic: bool,
+) -> StepResult:
+    """Assign every row and accumulate per-cluster sums and weights, with no host synchronisation.
+
+    On the kernels, the default is one fused pass (x read once; atomics, so the last bits of the
+    sums vary between runs); ``deterministic=True`` assigns, then sums with the sorted,
+    segmented kernel for bit-identical reruns.
+    """
+    k = centroids.shape[0]
+    if not uses_kernels(data):
+        labels, sq = _reference.assign(data, centroids)
+        sums, counts = _reference.update(data, labels, k, sample_weight)
+        values = sq.to(torch.float64) if sq.device.type == "cpu" else sq
+        inertia = values.sum() if sample_weight is None else values @ sample_weight.to(values.dtype)
+        changed = torch.tensor(data.n_samples, device=data.device) if prev_labels is None else (labels != prev_labels).sum()
+        return StepResult(labels, sq, sums, counts, inertia, changed)
+    from ._kernels.assign import assign as kernel_assign
+    from ._kernels.update import update_sorted
+
+    inputs = _kernel_inputs(data)
+    if deterministic:
+        out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, **inputs)
+        sums, counts = update_sorted(
+            data.x, out.labels, k, sample_weight=sample_weight, offset=data.offset, row_scale=data.row_scale
+        )
+        sq = out.sq_dist
+        inertia = sq.sum() if sample_weight is None else sq @ sample_weight
+        return StepResult(out.labels, sq, sums, counts, inertia, out.changed)
+    sums = torch.zeros(k, data.n_features, dtype=torch.float32, device=data.device)
+    counts = torch.zeros(k, dtype=torch.float32, device=data.device)
+    out = kernel_assign(
+        data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels,
+        sums=sums, counts=counts, store_sq_dist=False, **inputs,
+    )
+    return StepResult(out.labels, None, sums, counts, out.inertia, out.changed)
 
 
 def update(
-    data: DataView, labels: torch.Tensor, n_clusters: int, sample_weight: torch.Tensor | None
+    data: DataView,
+    labels: torch.Tensor,
+    n_clusters: int,
+    sample_weight: torch.Tensor | None,
+    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-cluster weighted sums and weights (see ``_reference.update``)."""
-    return _reference.update(data, labels, n_clusters, sample_weight)
+    if not uses_kernels(data):
+        return _reference.update(data, labels, n_clusters, sample_weight)
+    from ._kernels.update import update as scatter_update
+    from ._kernels.update import update_sorted
+
+    fn = update_sorted if deterministic else scatter_update
+    return fn(data.x, labels, n_clusters, sample_weight=sample_weight, offset=data.offset, row_scale=data.row_scale)
 
 
 def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:
     """The full (n, m) matrix of squared distances to ``points``; callers keep m small or want it whole."""
     points = points.to(data.dtype)
+    if uses_kernels(data) and points.shape[0] <= 64:
+        from ._kernels.distances import sq_distances
+
+        return sq_distances(data.x, points, offset=data.offset, row_scale=data.row_scale)
     points_sq = torch.einsum("ij,ij->i", points, points)
     out = torch.empty(data.n_samples, points.shape[0], dtype=data.dtype, device=data.device)
     for start, stop, rows in data.chunks(points.shape[0]):
         out[start:stop] = _reference.pairwise_sq_distances(rows, points, points_sq)
     return out
+
+
+def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str = "exact") -> tuple[DataView, torch.Tensor]:
+    """A data view and centroids in one shared space for queries against fitted centroids.
+
+    Euclidean queries are centred on the centroids' mean, which keeps the distance expansion exact
+    enough for data far from the origin; cosine queries are row-normalised (the caller checks
+    that no row is zero).
+    """
+    from ._validation import compute_dtype
+
+    dtype = compute_dtype(x.dtype, centroids.dtype)
+    c = centroids.to(dtype)
+    if metric == "cosine":
+        return DataView(x, dtype, None, True, precision), c / torch.linalg.vector_norm(c, dim=1, keepdim=True)
+    offset = c.mean(0)
+    return DataView(x, dtype, offset, False, precision), c - offset
+
+
+@torch.library.triton_op("torchkm::assign", mutates_args=())
+def _assign_op(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    data, c = query_view(x, centroids, metric, precision)
+    labels, sq = assign(data, c)
+    return labels, (sq * 0.5 if metric == "cosine" else sq)
+
+
+def query_assign(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.torchkm.assign``: labels and metric distances of validated queries."""
+    return torch.ops.torchkm.assign(x, centroids, metric, precision)

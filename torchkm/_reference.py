@@ -13,6 +13,7 @@ fp32 oracle unless the caller opted into tf32.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,8 @@ class DataView:
     dtype: torch.dtype
     offset: torch.Tensor | None = None
     normalize: bool = False
+    # How the GPU kernels compute distances ("exact" or "fast"); the pure-torch engine ignores it.
+    precision: str = "exact"
 
     @property
     def n_samples(self) -> int:
@@ -49,6 +52,19 @@ class DataView:
     @property
     def device(self) -> torch.device:
         return self.x.device
+
+    @functools.cached_property
+    def raw_norms(self) -> torch.Tensor:
+        """Norms of the raw rows ``||x_i||`` (float32, (n,)), computed once per view."""
+        out = torch.empty(self.n_samples, dtype=torch.float32, device=self.device)
+        for start, stop in iter_row_chunks(self.n_samples, self.n_features):
+            out[start:stop] = torch.linalg.vector_norm(self.x[start:stop].to(self.dtype), dim=1)
+        return out
+
+    @functools.cached_property
+    def row_scale(self) -> torch.Tensor | None:
+        """``1 / ||x_i||`` when rows are normalised, else None."""
+        return self.raw_norms.reciprocal() if self.normalize else None
 
     def transform(self, raw: torch.Tensor) -> torch.Tensor:
         rows = raw.to(self.dtype)

@@ -14,13 +14,13 @@ import torch
 
 __all__ = [
     "as_data_tensor",
-    "ensure_finite",
     "check_centroids",
     "check_n_clusters",
     "check_nonzero_rows",
-    "check_sample_weight",
     "check_same_device",
+    "check_sample_weight",
     "compute_dtype",
+    "ensure_finite",
     "iter_row_chunks",
 ]
 
@@ -207,3 +207,12 @@ def check_same_device(x: torch.Tensor, other: torch.Tensor, what: str = "the cen
         raise ValueError(
             f"x is on {x.device} but {what} are on {other.device}; move one of them with .to(device)"
         )
+
+
+PRECISIONS = ("exact", "fast")
+
+
+def check_precision(precision: Any) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision

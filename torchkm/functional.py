@@ -8,10 +8,12 @@ import torch
 
 from . import _ops
 from ._loop import KMeansResult, fit, new_centroids
+from ._ops import query_view
 from ._reference import DataView
 from ._validation import (
     as_data_tensor,
     check_nonzero_rows,
+    check_precision,
     check_same_device,
     check_sample_weight,
     compute_dtype,
@@ -21,46 +23,43 @@ from ._validation import (
 __all__ = ["KMeansResult", "assign", "fit", "transform", "update"]
 
 
-def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str) -> tuple[DataView, torch.Tensor]:
-    """A data view and centroids in one shared space for queries against fitted centroids.
-
-    Euclidean queries are centred on the centroids' mean, which keeps the distance expansion exact
-    enough for data far from the origin; cosine queries are row-normalised.
-    """
+def _checked_query(x: Any, centroids: Any, metric: str) -> tuple[torch.Tensor, torch.Tensor]:
     if metric not in ("euclidean", "cosine"):
         raise ValueError(f"metric must be 'euclidean' or 'cosine', got {metric!r}")
-    dtype = compute_dtype(x.dtype, centroids.dtype)
-    c = centroids.to(dtype)
-    if metric == "cosine":
-        check_nonzero_rows(x)
-        return DataView(x, dtype, None, True), c / torch.linalg.vector_norm(c, dim=1, keepdim=True)
-    offset = c.mean(0)
-    return DataView(x, dtype, offset, False), c - offset
-
-
-def _checked_query(x: Any, centroids: Any) -> tuple[torch.Tensor, torch.Tensor]:
     c = as_data_tensor(centroids, "centroids", check_finite=False)
     x = as_data_tensor(x, "x", check_finite=False)
     if x.shape[1] != c.shape[1]:
         raise ValueError(f"x has {x.shape[1]} features but the centroids have {c.shape[1]}")
     check_same_device(x, c)
-    ensure_finite(c, "centroids")
-    ensure_finite(x, "x")
+    # Value checks read the data back to the host; inside torch.compile they would break the graph.
+    if not torch.compiler.is_compiling():
+        ensure_finite(c, "centroids")
+        ensure_finite(x, "x")
+        if metric == "cosine":
+            check_nonzero_rows(x)
     return x, c
 
 
-def assign(x: Any, centroids: Any, *, metric: str = "euclidean") -> tuple[torch.Tensor, torch.Tensor]:
+def assign(
+    x: Any, centroids: Any, *, metric: str = "euclidean", precision: str = "exact"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of each row of ``x``.
+
+    On CUDA this is one fused Triton pass (never an n x k matrix); ``torch.compile(fullgraph=True)``
+    traces it as the ``torchkm::assign`` op. ``precision="exact"`` (default) gives the labels of an
+    fp32 computation (tensor-core pass, then a 3xTF32 re-check of rows whose best two centroids
+    are within its rounding bound); ``"fast"`` keeps the tensor-core pass alone (tf32 products for
+    float32 input, native products for float16/bfloat16). CPU tensors always compute in fp32/fp64.
 
     Returns:
         ``(labels, distances)``: int64 labels (ties go to the lowest index) and, per row, the
         squared Euclidean distance (``metric="euclidean"``) or the cosine distance ``1 - cos``
-        (``metric="cosine"``) to that centroid, in float32 (float64 if either input is float64).
+        (``metric="cosine"``) to that centroid, computed directly from the difference, in float32
+        (float64 if either input is float64).
     """
-    x, c = _checked_query(x, centroids)
-    data, c = query_view(x, c, metric)
-    labels, sq = _ops.assign(data, c)
-    return labels, (sq * 0.5 if metric == "cosine" else sq)
+    check_precision(precision)
+    x, c = _checked_query(x, centroids, metric)
+    return _ops.query_assign(x, c, metric, precision)
 
 
 def transform(x: Any, centroids: Any, *, metric: str = "euclidean") -> torch.Tensor:
@@ -69,7 +68,7 @@ def transform(x: Any, centroids: Any, *, metric: str = "euclidean") -> torch.Ten
     Euclidean (not squared, as scikit-learn's ``transform``) or cosine distance ``1 - cos``. This
     is the one call that materialises an n x k matrix, because it is the requested output.
     """
-    x, c = _checked_query(x, centroids)
+    x, c = _checked_query(x, centroids, metric)
     data, c = query_view(x, c, metric)
     sq = _ops.sq_distances_to(data, c)
     return sq * 0.5 if metric == "cosine" else sq.sqrt_()
@@ -83,7 +82,7 @@ def update(
     Clusters that receive no weight keep their row of ``centroids``. For ``metric="cosine"`` the
     means of the normalised rows are normalised again (spherical k-means).
     """
-    x, c = _checked_query(x, centroids)
+    x, c = _checked_query(x, centroids, metric)
     if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int32, torch.int64) or labels.shape != (x.shape[0],):
         raise ValueError(f"labels must be an int32/int64 tensor of shape ({x.shape[0]},)")
     labels = labels.to(device=x.device, dtype=torch.int64)

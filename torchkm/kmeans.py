@@ -7,10 +7,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import functional as F
 from . import _loop
+from . import functional as F
 from ._loop import InitLike, IterationStats, SeedLike, check_params
-from ._validation import as_data_tensor, check_sample_weight
+from ._validation import as_data_tensor, check_precision, check_sample_weight
 
 __all__ = ["KMeans", "NotFittedError"]
 
@@ -40,6 +40,16 @@ class KMeans(nn.Module):
         random_state: int seed, ``torch.Generator``, or None to draw from torch's global RNG
             (so ``torch.manual_seed`` makes fits reproducible). Same seed, same device, same
             result.
+        precision: how CUDA kernels compute distances. ``"exact"`` (default): the labels of an fp32
+            computation, up to ties within fp32 rounding (a tensor-core pass, then a 3xTF32 re-check
+            of the rows whose best two centroids are within its rounding bound). ``"fast"``: the
+            tensor-core pass alone (tf32 products for float32 input, whose labels may differ from
+            fp32 where two centroids are within ~1% of ||x|| max||c||; native products for
+            float16/bfloat16 input). CPU tensors always compute in fp32 (fp64 for fp64 input).
+        deterministic: on CUDA, sum the clusters with the sorted, segmented kernel so that reruns
+            are bit-identical (slower for small k); the default (None) follows
+            ``torch.are_deterministic_algorithms_enabled()``, else one fused pass with atomics
+            whose last bits vary between runs. CPU runs are always deterministic.
         verbose: log per-iteration statistics through the ``torchkm`` logger at INFO level.
         progress: show a tqdm progress bar over iterations.
 
@@ -71,6 +81,8 @@ class KMeans(nn.Module):
         tol: float = 1e-4,
         metric: str = "euclidean",
         random_state: SeedLike = None,
+        precision: str = "exact",
+        deterministic: bool | None = None,
         verbose: bool = False,
         progress: bool = False,
     ) -> None:
@@ -78,6 +90,8 @@ class KMeans(nn.Module):
         self.n_clusters, self.n_init, self.max_iter, self.tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
         self.init = init
         self.metric = metric
+        self.precision = check_precision(precision)
+        self.deterministic = deterministic
         self.random_state = random_state
         self.verbose = verbose
         self.progress = progress
@@ -134,6 +148,7 @@ class KMeans(nn.Module):
         out = _loop.fit(
             x, self.n_clusters, init=self.init, n_init=self.n_init, max_iter=self.max_iter, tol=self.tol,
             metric=self.metric, sample_weight=sample_weight, random_state=self.random_state,
+            precision=self.precision, deterministic=self.deterministic,
             verbose=self.verbose, progress=self.progress,
         )
         self.centroids = out.centroids
@@ -164,7 +179,7 @@ class KMeans(nn.Module):
 
     def predict(self, x: Any) -> torch.Tensor:
         """Index (int64) of the nearest centroid for each row of ``x``."""
-        return F.assign(self._checked(x), self.centroids, metric=self.metric)[0]
+        return F.assign(self._checked(x), self.centroids, metric=self.metric, precision=self.precision)[0]
 
     def forward(self, x: Any) -> torch.Tensor:
         """Same as :meth:`predict`."""
@@ -177,7 +192,7 @@ class KMeans(nn.Module):
     def score(self, x: Any, sample_weight: Any = None) -> float:
         """Opposite of the (weighted) inertia of ``x`` against the fitted centroids: higher is better."""
         x = self._checked(x)
-        _, dist = F.assign(x, self.centroids, metric=self.metric)
+        _, dist = F.assign(x, self.centroids, metric=self.metric, precision=self.precision)
         w = check_sample_weight(sample_weight, x, dist.dtype)
         return -float(dist.sum() if w is None else dist @ w)
 

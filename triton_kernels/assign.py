@@ -1,136 +1,494 @@
-"""Fused distance + argmin: the nearest centroid of every row, never an n x k matrix in memory.
+"""Fused assignment pass: nearest centroid, exact distance, and (optionally) the centroid sums, in one read of x.
 
-One program owns BLOCK_N rows, streams centroid tiles of BLOCK_K through ``tl.dot`` (tensor
-cores), loops over the features in BLOCK_D chunks, and keeps a running best score, its index and
-(optionally) the second-best score in registers. The score of centroid j is ``||c_j||^2 - 2 x.c_j``:
-the squared distance minus ``||x||^2``, which does not change the argmin. Ties go to the lowest
-index, as in numpy, faiss and scikit-learn.
+One program owns BLOCK_N rows and streams centroid tiles of BLOCK_K through ``tl.dot`` (tensor
+cores), looping over the features in BLOCK_D chunks when d is large. The accumulator starts at
+``||c_j||^2`` and the centroids are pre-scaled by -2 (exact: a power of two), so the tensor cores
+produce the score ``||c_j||^2 - 2 x.c_j`` (the squared distance minus ``||x||^2``) with no epilogue
+arithmetic. The running minimum is kept *per column of the tile* and reduced across columns only
+once, after the last centroid tile: each tile costs three element-wise operations instead of
+cross-thread reductions. Ties go to the lowest index, as in numpy, faiss and scikit-learn.
 
-Precision: fp16/bf16 inputs run natively with fp32 accumulation. For fp32 inputs,
-``input_precision="ieee"`` gives fp32 products (the oracle's arithmetic, slow on tensor cores) and
-``"tf32"`` the tensor-core rate with ~5e-4 relative error per product; the second-best score lets a
-caller find the rows whose best-two gap is within that error and re-check them.
+After the search the program reads its rows again (from cache) and computes, per row:
+``||x - c_label||^2`` directly in fp32 (accurate even when the expansion cancels), the inertia and
+changed-label counts of the tile, and optionally scatter-adds the rows into per-cluster sums, so a
+Lloyd iteration reads x once.
+
+Precision (``precision=``):
+  ``"fast"``   products in x's dtype on tensor cores: tf32 for fp32 input, native fp16/bf16.
+  ``"exact"``  the fast pass also keeps the second-best score; rows whose best-two gap is within the
+               rounding bound of the fast products are re-searched with 3xTF32 products against
+               all centroids (a second, persistent launch over just those rows). Labels then equal
+               those of an fp32 computation up to ties within fp32 rounding.
+  ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
+Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
+transformed copy of x ever exists.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["assign", "assign_reference"]
+from ._common import (
+    UPDATE_ATOMIC,
+    UPDATE_NONE,
+    UPDATE_ONEHOT,
+    accumulate_rows,
+    launcher,
+    load_rows,
+    onehot_max_k,
+    onehot_width,
+)
+from .configs import assign_config, num_persistent_programs, small_d_block_n
+
+__all__ = ["PRECISIONS", "AssignOutput", "assign", "assign_reference", "gap_bound_coefficient"]
+
+PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
+
+@triton.jit
+def _tile(
+    t, x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
+    row_index_ptr, row_count,
+    labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    n, k, d, stride_xn, stride_xd, bound_coef, replica,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
+    HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
+):
+    slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_ROW_INDEX:
+        row_mask = slots < row_count
+        rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
+    else:
+        # 64-bit row offsets: n * stride can pass 2^31 elements.
+        rows = t.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_mask = rows < n
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
+    else:
+        scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+    if RAW_MMA and HAS_SCALE:
+        raw_norm = tl.load(norm_ptr + rows, mask=row_mask, other=1.0)
+    mma_dtype = c_mma_ptr.dtype.element_ty
+    tile_cols = tl.arange(0, BLOCK_K)
+    dims0 = tl.arange(0, BLOCK_D)
+
+    # Per-column running best score, the k0 of the tile it came from, and (CHECK) second best.
+    best_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
+    tile_t = tl.zeros((BLOCK_N, BLOCK_K), tl.int32)
+    second_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
+    if ONE_CHUNK:
+        # The whole row fits one chunk: load and transform it once for all centroid tiles.
+        if RAW_MMA:
+            x_once = tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
+                             mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
+        else:
+            x_once = load_rows(x_ptr, rows, row_mask, dims0, dims0 < d, stride_xn, stride_xd, offset_ptr, scale,
+                                HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+    for k0 in range(0, k, BLOCK_K):
+        cols = k0 + tile_cols
+        col_mask = cols < k
+        # Padded centroids score +inf, so they never win and never count as second best.
+        bias = tl.load(bias_ptr + cols, mask=col_mask, other=float("inf"))
+        if RAW_MMA and HAS_SCALE:
+            # Raw rows, unit centroids: the score of row x is ||x|| (bias - 2 x_hat.c), same argmin.
+            acc = bias[None, :] * raw_norm[:, None]
+        else:
+            acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
+        for d0 in range(0, d, BLOCK_D):
+            dims = d0 + dims0
+            dim_mask = dims < d
+            if ONE_CHUNK:
+                x_tile = x_once
+            elif RAW_MMA:
+                x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+            else:
+                x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                    HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+            c_tile = tl.load(c_mma_ptr + cols[:, None].to(tl.int64) * d + dims[None, :],
+                             mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
+            acc = tl.dot(x_tile, tl.trans(c_tile), acc, input_precision=PRECISION)
+        if CHECK:
+            second_t = tl.minimum(second_t, tl.maximum(best_t, acc))
+        # Strictly better only: an equal score in a later tile keeps the lower index.
+        better = acc < best_t
+        best_t = tl.where(better, acc, best_t)
+        tile_t = tl.where(better, k0, tile_t)
+
+    best = tl.min(best_t, axis=1)
+    index_t = tile_t + tile_cols[None, :]
+    label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
+    done = row_mask
+    if CHECK:
+        others = tl.where(index_t == label[:, None], float("inf"), best_t)
+        second = tl.minimum(tl.min(others, axis=1), tl.min(second_t, axis=1))
+        row_norm = tl.load(norm_ptr + rows, mask=row_mask, other=0.0)
+        c_norm_max = tl.load(c_norm_max_ptr)
+        # Rows whose best two may have swapped under the rounding of the fast products: defer them.
+        # (Scores are in raw-row units, so the bound uses the raw row norm.)
+        flag = row_mask & (second - best <= bound_coef * row_norm * c_norm_max)
+        done = row_mask & (flag == 0)
+        n_flag = tl.sum(flag.to(tl.int32), axis=0)
+        base = tl.atomic_add(flag_count_ptr, n_flag)
+        pos = base + tl.cumsum(flag.to(tl.int32), axis=0) - 1
+        tl.store(flag_rows_ptr + pos, rows, mask=flag)
+
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
+    else:
+        w = tl.full((BLOCK_N,), 1.0, tl.float32)
+    w = tl.where(done, w, 0.0)
+    # Epilogue: the exact distance to the winner (and the sums), reading the rows again from cache.
+    label64 = label.to(tl.int64)
+    sq_dist = tl.zeros((BLOCK_N,), tl.float32)
+    for d0 in range(0, d, BLOCK_D):
+        dims = d0 + dims0
+        dim_mask = dims < d
+        xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                        HAS_OFFSET, HAS_SCALE)
+        cr = tl.load(c32_ptr + label64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+        diff = xr - cr
+        sq_dist += tl.sum(diff * diff, axis=1)
+        if UPDATE != 0:
+            accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims, dim_mask,
+                            d0 == 0, k, d, KP, UPDATE)
+    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
+    if STORE_SQ_DIST:
+        tl.store(sq_dist_ptr + rows, sq_dist, mask=row_mask)
+    inertia = tl.sum(tl.where(done, sq_dist * w, 0.0), axis=0)
+    if HAS_PREV:
+        prev = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
+        changed = tl.sum((done & (prev != label)).to(tl.int64), axis=0)
+    else:
+        changed = tl.sum(done.to(tl.int64), axis=0)
+    return inertia, changed
 
 
 @triton.jit
 def _assign_kernel(
-    # pointers
-    x_ptr, c_ptr, c_sq_ptr, labels_ptr, best_ptr, second_ptr,
-    # sizes
-    n, k, d,
-    # strides
-    stride_xn, stride_xd, stride_ck, stride_cd,
-    # meta-parameters
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    WITH_SECOND: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
+    row_index_ptr, row_count_ptr,
+    labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    part_inertia_ptr, part_changed_ptr, part_base,
+    n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
+    HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    # 64-bit row offsets: n * stride can pass 2^31 elements.
+    replica = pid % n_replicas
+    if HAS_ROW_INDEX:
+        # Persistent over a row list whose length is only known on the device (no host sync).
+        row_count = tl.load(row_count_ptr)
+        inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
+        changed = tl.sum(tl.zeros((1,), tl.int64), axis=0)
+        for t in range(pid, tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
+            i, c = _tile(t, x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+                         c_norm_max_ptr, row_index_ptr, row_count,
+                         labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                         n, k, d, stride_xn, stride_xd, bound_coef, replica,
+                         BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
+                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK)
+            inertia += i
+            changed += c
+    else:
+        inertia, changed = _tile(pid, x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+                                 c_norm_max_ptr, row_index_ptr, 0,
+                                 labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                                 n, k, d, stride_xn, stride_xd, bound_coef, replica,
+                                 BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
+                                 STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK)
+    tl.store(part_inertia_ptr + part_base + pid, inertia)
+    tl.store(part_changed_ptr + part_base + pid, changed)
+
+
+@triton.jit
+def _assign_small_d_kernel(
+    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr,
+    labels_ptr, sq_dist_ptr, prev_ptr, sums_ptr, counts_ptr, part_inertia_ptr, part_changed_ptr,
+    n, k, d, stride_xn, stride_xd, n_replicas,
+    BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    STORE_SQ_DIST: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr,
+):
+    """d <= 8: one row per thread, a loop over the centroids with the distance taken directly from
+    the difference in fp32 (exact up to fp32 rounding of d terms); tensor cores would pad d to 16."""
+    pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
+    dims = tl.arange(0, DP)
+    dim_mask = dims < d
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
+    else:
+        scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
     best = tl.full((BLOCK_N,), float("inf"), tl.float32)
-    second = tl.full((BLOCK_N,), float("inf"), tl.float32)
-    best_idx = tl.zeros((BLOCK_N,), tl.int64)
-    tile_cols = tl.arange(0, BLOCK_K)
-    for k0 in range(0, k, BLOCK_K):
-        cols = k0 + tile_cols
-        col_mask = cols < k
-        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        for d0 in range(0, d, BLOCK_D):
-            dims = d0 + tl.arange(0, BLOCK_D)
-            dim_mask = dims < d
-            x_tile = tl.load(
-                x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
-                mask=row_mask[:, None] & dim_mask[None, :], other=0.0,
-            )
-            c_tile = tl.load(
-                c_ptr + cols[:, None].to(tl.int64) * stride_ck + dims[None, :] * stride_cd,
-                mask=col_mask[:, None] & dim_mask[None, :], other=0.0,
-            )
-            acc = tl.dot(x_tile, tl.trans(c_tile), acc, input_precision=INPUT_PRECISION)
-        c_sq = tl.load(c_sq_ptr + cols, mask=col_mask, other=0.0)
-        scores = tl.where(col_mask[None, :], c_sq[None, :] - 2.0 * acc, float("inf"))
-        tile_best = tl.min(scores, axis=1)
-        tile_arg = tl.argmin(scores, axis=1, tie_break_left=True)
-        if WITH_SECOND:
-            others = tl.where(tile_cols[None, :] == tile_arg[:, None], float("inf"), scores)
-            # The second best of old-and-tile candidates: the better of the two seconds and the
-            # worse of the two bests.
-            second = tl.minimum(tl.minimum(second, tl.min(others, axis=1)), tl.maximum(best, tile_best))
-        # Strictly better only: an equal score in a later tile keeps the lower index.
-        better = tile_best < best
-        best_idx = tl.where(better, k0 + tile_arg.to(tl.int64), best_idx)
-        best = tl.where(better, tile_best, best)
-    tl.store(labels_ptr + rows, best_idx, mask=row_mask)
-    tl.store(best_ptr + rows, best, mask=row_mask)
-    if WITH_SECOND:
-        tl.store(second_ptr + rows, second, mask=row_mask)
+    label = tl.zeros((BLOCK_N,), tl.int32)
+    for j in range(k):
+        cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
+        diff = xr - cj[None, :]
+        dist = tl.sum(diff * diff, axis=1)
+        better = dist < best  # strict: ties keep the lower index
+        best = tl.where(better, dist, best)
+        label = tl.where(better, j, label)
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
+    else:
+        w = row_mask.to(tl.float32)
+    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
+    if STORE_SQ_DIST:
+        tl.store(sq_dist_ptr + rows, best, mask=row_mask)
+    tl.store(part_inertia_ptr + pid, tl.sum(tl.where(row_mask, best * w, 0.0), axis=0))
+    if HAS_PREV:
+        prev = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
+        tl.store(part_changed_ptr + pid, tl.sum((row_mask & (prev != label)).to(tl.int64), axis=0))
+    else:
+        tl.store(part_changed_ptr + pid, tl.sum(row_mask.to(tl.int64), axis=0))
+    replica = pid % n_replicas
+    if UPDATE == 1:
+        # Few clusters: reduce the tile per cluster through a one-hot (rows x KP) mask, one vector
+        # reduction per feature, then one atomic per (cluster, feature) on this program's replica.
+        k_cols = tl.arange(0, KP)
+        onehot = tl.where(label[:, None] == k_cols[None, :], w[:, None], 0.0)
+        base = replica * k
+        tl.atomic_add(counts_ptr + base + k_cols, tl.sum(onehot, axis=0), mask=k_cols < k)
+        for i in tl.static_range(DP):
+            if i < d:
+                col = tl.sum(tl.where(dims[None, :] == i, xr, 0.0), axis=1)
+                tl.atomic_add(sums_ptr + (base + k_cols) * d + i, tl.sum(onehot * col[:, None], axis=0), mask=k_cols < k)
+    if UPDATE == 2:
+        label64 = label.to(tl.int64)
+        tl.atomic_add(sums_ptr + label64[:, None] * d + dims[None, :], xr * w[:, None], mask=row_mask[:, None] & dim_mask[None, :])
+        tl.atomic_add(counts_ptr + label64, w, mask=row_mask)
 
 
-def _block_d(d: int) -> int:
-    return min(64, max(16, triton.next_power_of_2(d)))
+class AssignOutput(NamedTuple):
+    """What :func:`assign` returns.
+
+    ``inertia`` is the sum of ``weight * ||x - c_label||^2`` and ``changed`` the number of rows whose
+    label differs from ``prev_labels`` (all rows without it), both as 0-d device tensors, so the
+    caller decides when to synchronise. ``rechecked`` is the number of rows the exact mode
+    re-searched (0-d int32 device tensor; zeros for the other modes).
+    """
+
+    labels: torch.Tensor
+    sq_dist: torch.Tensor | None
+    inertia: torch.Tensor
+    changed: torch.Tensor
+    rechecked: torch.Tensor
+
+
+_UNIT_ROUNDOFF = {
+    # Relative error of one operand as the tensor cores see it. tf32 keeps 10 mantissa bits and
+    # may truncate; fp16/bf16 operands are centroids (and centred rows) rounded to nearest.
+    torch.float32: 2.0**-10,
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+}
+
+
+def gap_bound_coefficient(dtype: torch.dtype, d: int) -> float:
+    """``B`` such that the fast pass can misorder two centroids only if their score gap is <= B ||x|| max||c||.
+
+    Each product ``x_i c_i`` carries relative error <= 2u + u^2 (u per operand) and the fp32
+    accumulation at most ``d * 2^-24`` of ``sum |x_i c_i| <= ||x|| ||c||``; a score is
+    ``||c||^2 - 2 x.c`` and a gap involves two scores: 4 times the product bound. Then a 1.25
+    safety factor, as the accumulation order inside the tensor cores is not documented.
+    """
+    u = _UNIT_ROUNDOFF[dtype]
+    return 1.25 * 4.0 * (2.0 * u + u * u + d * 2.0**-22)
 
 
 def assign(
     x: torch.Tensor,
     centroids: torch.Tensor,
     *,
-    with_second: bool = False,
-    input_precision: str = "ieee",
-    block_n: int = 64,
-    block_k: int = 64,
-    block_d: int | None = None,
-    num_warps: int = 4,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Nearest centroid of each row of ``x`` (n, d) among ``centroids`` (k, d).
+    precision: str = "exact",
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    raw_norms: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None,
+    prev_labels: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    sums: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
+    store_sq_dist: bool = True,
+    config: dict | None = None,
+) -> AssignOutput:
+    """Nearest centroid of every (transformed) row of ``x`` (n, d) among ``centroids`` (k, d).
 
-    ``centroids`` are cast to ``x``'s dtype (fp16/bf16 inputs multiply in that dtype); squared
-    norms of the cast centroids are taken in fp32. Returns ``(labels int64, best fp32, second fp32 or
-    None)`` where ``best``/``second`` are scores ``||c||^2 - 2 x.c``; add ``||x||^2`` for distances.
+    Rows are transformed as they are read: ``(x - offset) * row_scale[:, None]``. ``centroids`` are
+    float32 in that space. The fast pass multiplies the raw rows (so loads feed the tensor cores
+    directly) by the centroids cast to ``x``'s dtype, with the transform folded into a
+    per-centroid bias: ``||c||^2 - 2 (x - m).c = (||c||^2 + 2 m.c) - 2 x.c``, and for unit
+    centroids of scaled rows, ``||x|| (||c||^2 - 2 x_hat.c)``. Re-checks, distances and sums use the
+    transformed rows in fp32.
+
+    Args:
+        precision: see the module docstring.
+        raw_norms: norms of the raw rows ``||x_i||`` (float32, (n,)); required by ``"exact"`` and
+            with ``row_scale`` (where they are ``1 / row_scale``).
+        sample_weight: float32 (n,) weights for the inertia and the sums.
+        prev_labels: int32/int64 (n,) labels of the previous pass, for the changed count.
+        labels: optional int32/int64 (n,) output buffer (default: new int64).
+        sums, counts: float32 (k, d) and (k,) buffers to which the (weighted) rows and weights of
+            each cluster are added; both or neither.
+        store_sq_dist: whether to return the per-row squared distances.
     """
     if x.dim() != 2 or centroids.dim() != 2 or x.shape[1] != centroids.shape[1]:
         raise ValueError(f"expected x (n, d) and centroids (k, d), got {tuple(x.shape)} and {tuple(centroids.shape)}")
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if x.dtype not in _UNIT_ROUNDOFF:
         raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
     if x.device != centroids.device:
         raise ValueError(f"x is on {x.device} but centroids are on {centroids.device}")
-    if input_precision not in ("ieee", "tf32"):
-        raise ValueError(f"input_precision must be 'ieee' or 'tf32', got {input_precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if (sums is None) != (counts is None):
+        raise ValueError("pass both sums and counts, or neither")
     n, d = x.shape
     k = centroids.shape[0]
-    c = centroids.to(x.dtype).contiguous()
-    c_sq = c.float().pow(2).sum(1)
-    labels = torch.empty(n, dtype=torch.int64, device=x.device)
-    best = torch.empty(n, dtype=torch.float32, device=x.device)
-    second = torch.empty(n, dtype=torch.float32, device=x.device) if with_second else best
-    if n == 0 or k == 0:
-        return labels, best, (second if with_second else None)
-    grid = (triton.cdiv(n, block_n),)
-    _assign_kernel[grid](
-        x, c, c_sq, labels, best, second,
-        n, k, d,
-        x.stride(0), x.stride(1), c.stride(0), c.stride(1),
-        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_D=block_d or _block_d(d),
-        WITH_SECOND=with_second, INPUT_PRECISION=input_precision,
-        num_warps=num_warps,
+    if k == 0:
+        raise ValueError("need at least one centroid")
+    device = x.device
+    c32 = centroids.to(torch.float32).contiguous()
+    check = precision == "exact"
+    fast_pass = precision in ("exact", "fast")
+    if raw_norms is None and (check or (fast_pass and row_scale is not None)):
+        raise ValueError('precision="exact" and row_scale need raw_norms')
+    labels = torch.empty(n, dtype=torch.int64, device=device) if labels is None else labels
+    sq_dist = torch.empty(n, dtype=torch.float32, device=device) if store_sq_dist else None
+    offset32 = None if offset is None else offset.to(torch.float32).contiguous()
+    if d <= SMALL_D:
+        return _assign_small_d(x, c32, offset32, row_scale, sample_weight, prev_labels, labels, sq_dist, sums, counts)
+
+    if fast_pass:
+        # input_precision only matters for fp32 operands; half operands multiply exactly.
+        c_cast = c32.to(x.dtype)
+        mma_precision = "tf32" if x.dtype == torch.float32 else "ieee"
+        c_cast64 = c_cast.double()
+        bias = c_cast64.pow(2).sum(1)
+        if offset32 is not None:
+            bias += 2.0 * (c_cast64 @ offset32.double())
+        bias = bias.float()
+    else:
+        c_cast, mma_precision = c32, precision
+        bias = c32.double().pow(2).sum(1).float()
+    c_mma = (c_cast * -2).contiguous()
+
+    update = UPDATE_NONE if sums is None else (UPDATE_ONEHOT if k <= onehot_max_k(d) else UPDATE_ATOMIC)
+    # Few clusters: spread the atomics of the programs over replicas of the accumulators, so they
+    # do not queue on the same few cache lines; the replicas are summed afterwards.
+    n_replicas = min(128, max(1, (1 << 14) // (k * d))) if update == UPDATE_ONEHOT else 1
+    acc_sums, acc_counts = sums, counts
+    if n_replicas > 1:
+        acc_sums = torch.zeros(n_replicas, k, d, dtype=torch.float32, device=device)
+        acc_counts = torch.zeros(n_replicas, k, dtype=torch.float32, device=device)
+    cfg = config or assign_config(n, k, d, x.dtype, precision)
+    main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
+    recheck_grid = num_persistent_programs(device) if check else 0
+    part_inertia = torch.zeros(main_grid + recheck_grid, dtype=torch.float32, device=device)
+    part_changed = torch.zeros(main_grid + recheck_grid, dtype=torch.int64, device=device)
+    flag_count = torch.zeros(1, dtype=torch.int32, device=device)
+    dummy = bias
+    flag_rows = torch.empty(n if check else 1, dtype=torch.int32, device=device)
+    c_norm_max = c32.norm(dim=1).max().reshape(1) if check else dummy
+    common = dict(
+        c32_ptr=c32,
+        offset_ptr=dummy if offset32 is None else offset32,
+        scale_ptr=dummy if row_scale is None else row_scale,
+        norm_ptr=dummy if raw_norms is None else raw_norms,
+        weight_ptr=dummy if sample_weight is None else sample_weight,
+        c_norm_max_ptr=c_norm_max,
+        labels_ptr=labels, sq_dist_ptr=dummy if sq_dist is None else sq_dist,
+        prev_ptr=labels if prev_labels is None else prev_labels,
+        flag_count_ptr=flag_count, flag_rows_ptr=flag_rows,
+        sums_ptr=dummy if acc_sums is None else acc_sums, counts_ptr=dummy if acc_counts is None else acc_counts,
+        part_inertia_ptr=part_inertia, part_changed_ptr=part_changed,
+        n=n, k=k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1), n_replicas=n_replicas,
+        KP=onehot_width(k) if update == UPDATE_ONEHOT else 16,
+        HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
+        STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=update,
     )
-    return labels, best, (second if with_second else None)
+    if main_grid:
+        # ONE_CHUNK: the config's BLOCK_D covers all features, so a row tile is loaded once.
+        launcher(_assign_kernel)[(main_grid,)](
+            x, c_mma, bias, row_index_ptr=flag_rows, row_count_ptr=flag_count, part_base=0,
+            bound_coef=gap_bound_coefficient(x.dtype, d) if check else 0.0,
+            HAS_ROW_INDEX=False, CHECK=check, RAW_MMA=fast_pass, PRECISION=mma_precision,
+            ONE_CHUNK=cfg["BLOCK_D"] >= d, **cfg, **common,
+        )
+    if check and main_grid:
+        # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
+        c_exact = (c32 * -2).contiguous()
+        recheck_cfg = assign_config(n, k, d, torch.float32, "tf32x3")
+        launcher(_assign_kernel)[(recheck_grid,)](
+            x, c_exact, c32.double().pow(2).sum(1).float(), row_index_ptr=flag_rows, row_count_ptr=flag_count,
+            part_base=main_grid, bound_coef=0.0, HAS_ROW_INDEX=True, CHECK=False, RAW_MMA=False, PRECISION="tf32x3",
+            ONE_CHUNK=recheck_cfg["BLOCK_D"] >= d, **recheck_cfg, **common,
+        )
+    if n_replicas > 1:
+        sums += acc_sums.sum(0)
+        counts += acc_counts.sum(0)
+    return AssignOutput(labels, sq_dist, part_inertia.sum(), part_changed.sum(), flag_count[0])
+
+
+SMALL_D = 8
+
+
+def _assign_small_d(x, c32, offset32, row_scale, sample_weight, prev_labels, labels, sq_dist, sums, counts):
+    """Every precision mode: direct fp32 differences are already the exact computation."""
+    n, d = x.shape
+    k = c32.shape[0]
+    device = x.device
+    update = UPDATE_NONE if sums is None else (UPDATE_ONEHOT if k <= onehot_max_k(d) else UPDATE_ATOMIC)
+    n_replicas = min(128, max(1, (1 << 14) // (k * d))) if update == UPDATE_ONEHOT else 1
+    acc_sums, acc_counts = sums, counts
+    if n_replicas > 1:
+        acc_sums = torch.zeros(n_replicas, k, d, dtype=torch.float32, device=device)
+        acc_counts = torch.zeros(n_replicas, k, dtype=torch.float32, device=device)
+    block_n = small_d_block_n(n, k)
+    grid = triton.cdiv(n, block_n)
+    part_inertia = torch.empty(grid, dtype=torch.float32, device=device)
+    part_changed = torch.empty(grid, dtype=torch.int64, device=device)
+    if grid:
+        launcher(_assign_small_d_kernel)[(grid,)](
+            x, c32,
+            c32 if offset32 is None else offset32,
+            c32 if row_scale is None else row_scale,
+            c32 if sample_weight is None else sample_weight,
+            labels, c32 if sq_dist is None else sq_dist, labels if prev_labels is None else prev_labels,
+            c32 if acc_sums is None else acc_sums, c32 if acc_counts is None else acc_counts,
+            part_inertia, part_changed,
+            n, k, d, x.stride(0), x.stride(1), n_replicas,
+            BLOCK_N=block_n, DP=triton.next_power_of_2(d), KP=onehot_width(k) if update == UPDATE_ONEHOT else 16,
+            HAS_OFFSET=offset32 is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
+            STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=update, num_warps=4,
+        )
+    if n_replicas > 1:
+        sums += acc_sums.sum(0)
+        counts += acc_counts.sum(0)
+    zero = torch.zeros((), dtype=torch.int32, device=device)
+    return AssignOutput(labels, sq_dist, part_inertia.sum(), part_changed.sum(), zero)
 
 
 def assign_reference(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pure-torch reference of :func:`assign` (float64 scores of the same cast inputs; small sizes only)."""
-    c = centroids.to(x.dtype).double()
+    """Pure-torch reference of the search: float64 scores of the same inputs (small sizes only).
+
+    Returns ``(labels, best, second)`` where ``best``/``second`` are the two lowest scores
+    ``||c||^2 - 2 x.c`` (``second`` is +inf when k = 1), and labels break ties to the lowest index.
+    """
+    c = centroids.double()
     scores = c.pow(2).sum(1)[None, :] - 2.0 * x.double() @ c.T
     top = torch.topk(scores, min(2, scores.shape[1]), dim=1, largest=False, sorted=True)
-    labels = scores.argmin(1)  # argmin: first index on ties, like the kernel
+    labels = scores.argmin(1)
     second = top.values[:, 1] if scores.shape[1] > 1 else torch.full_like(top.values[:, 0], float("inf"))
     return labels, top.values[:, 0], second

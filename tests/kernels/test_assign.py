@@ -1,76 +1,161 @@
-"""triton_kernels/assign.py against its pure-torch reference (Triton interpreter on CPU, or a GPU)."""
+"""triton_kernels/assign.py against float64 references (Triton interpreter on CPU, or a GPU)."""
 
-import os
-
+import numpy as np
 import pytest
 import torch
+from torchkm._kernels.assign import assign, assign_reference, gap_bound_coefficient
+from torchkm._kernels.update import update_reference
 
-from tests.helpers import assert_labels_match_except_near_ties
+from tests.helpers import assert_labels_match_except_near_ties, f64_sq_distances
+from tests.kernels.conftest import DEVICE, ON_GPU, SMALL_TILES, needs_gpu_for_bf16
 
-triton = pytest.importorskip("triton")
-from torchkm._kernels.assign import assign, assign_reference  # noqa: E402
-
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-DEVICE = "cuda" if ON_GPU else "cpu"
-if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
-# The interpreter is slow: small blocks keep these tests to seconds.
-BLOCKS = {} if ON_GPU else {"block_n": 32, "block_k": 32, "block_d": 16}
+PRECISIONS = ["exact", "fast", "tf32x3", "ieee"]
 
 
+def _data(n, d, k, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g).to(dtype)
+    c = torch.randn(k, d, generator=g)
+    return x.to(DEVICE), c.to(DEVICE)
+
+
+def _check_labels(x, c, labels, precision):
+    """Labels equal the float64 argmin except near-ties: fp32-rounding ties, or for "fast" the
+    documented bound of the fast products."""
+    xs, cs = x.double().cpu().numpy(), c.double().cpu().numpy()
+    expected = f64_sq_distances(xs, cs).argmin(1)
+    if precision == "fast":
+        d = f64_sq_distances(xs, cs)
+        got = labels.cpu().numpy()
+        gap = d[np.arange(len(xs)), got] - d[np.arange(len(xs)), expected]
+        bound = gap_bound_coefficient(x.dtype, x.shape[1]) * np.linalg.norm(xs, axis=1) * np.linalg.norm(cs, axis=1).max()
+        assert (gap <= bound + 1e-6).all()
+    else:
+        assert_labels_match_except_near_ties(xs, cs, labels.cpu().numpy(), expected)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("d", [1, 3, 17, 129])
-@pytest.mark.parametrize("k", [1, 7, 100])
-def test_assign_matches_reference_on_odd_shapes(d, k):
-    g = torch.Generator().manual_seed(d * 1000 + k)
+@pytest.mark.parametrize("k", [1, 7, 1000])
+def test_assign_matches_float64_on_odd_shapes(d, k, precision):
     n = 97  # not a multiple of any block
-    x = torch.randn(n, d, generator=g).to(DEVICE)
-    c = torch.randn(k, d, generator=g).to(DEVICE)
-    labels, best, second = assign(x, c, with_second=True, **BLOCKS)
-    ref_labels, ref_best, ref_second = assign_reference(x.cpu(), c.cpu())
-    xs, cs = x.cpu().double().numpy(), c.cpu().double().numpy()
-    assert_labels_match_except_near_ties(xs, cs, labels.cpu().numpy(), ref_labels.numpy())
-    scale = 1e-5 * (x.cpu().double().pow(2).sum(1) + c.cpu().double().pow(2).sum(1).max())
-    assert torch.all((best.cpu().double() - ref_best).abs() <= scale)
-    finite = torch.isfinite(ref_second)
-    assert torch.all((second.cpu().double()[finite] - ref_second[finite]).abs() <= scale[finite])
-    assert torch.all(torch.isinf(second.cpu()[~finite]))
+    x, c = _data(n, d, k, seed=d * 10_000 + k)
+    out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=SMALL_TILES)
+    _check_labels(x, c, out.labels, precision)
+    direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.inertia.double(), direct.sum(), rtol=1e-5, atol=1e-4)
+    assert int(out.changed) == n
+
+
+@pytest.mark.parametrize("k", [5, 100])  # pre-reduced update over replicas, and per-row atomics
+@pytest.mark.parametrize("d", [3, 19])  # the small-d kernel, and the tensor-core kernel
+def test_fused_update_matches_reference(k, d):
+    n = 300
+    x, c = _data(n, d, k, seed=k)
+    w = torch.rand(n, device=DEVICE)
+    offset = torch.randn(d, device=DEVICE)
+    prev = torch.randint(0, k, (n,), device=DEVICE)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    out = assign(x, c, precision="exact", offset=offset, raw_norms=x.norm(dim=1), sample_weight=w,
+                 prev_labels=prev, sums=sums, counts=counts, config=SMALL_TILES)
+    _check_labels(x - offset, c, out.labels, "exact")
+    ref_sums, ref_counts = update_reference(x, out.labels, k, sample_weight=w, offset=offset)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
+    assert int(out.changed) == int((out.labels != prev).sum())
+    direct = (((x - offset).double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
+
+
+def test_exact_mode_rechecks_the_rows_inside_the_bound():
+    """Rows whose best-two gap is inside the bound are re-searched; the others are not."""
+    n, d, k = 256, 12, 64  # d > 8: the tensor-core kernel (small d computes exact differences)
+    x, c = _data(n, d, k, seed=3)
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), config=SMALL_TILES)
+    _, best, second = assign_reference(x.cpu(), c.cpu())
+    bound = gap_bound_coefficient(torch.float32, d) * x.norm(dim=1).cpu().double() * c.norm(dim=1).max().cpu().double()
+    gap = second - best
+    assert int((gap <= 0.99 * bound).sum()) <= int(out.rechecked) <= int((gap <= 1.01 * bound).sum())
+    assert int(out.rechecked) > 0
+
+
+def test_cosine_rows_are_scaled_as_they_are_read():
+    n, d, k = 150, 33, 9
+    x, c = _data(n, d, k, seed=5)
+    c = c / c.norm(dim=1, keepdim=True)
+    scale = x.norm(dim=1).reciprocal()
+    out = assign(x, c, precision="exact", row_scale=scale, raw_norms=x.norm(dim=1), config=SMALL_TILES)
+    unit = x / x.norm(dim=1, keepdim=True)
+    _check_labels(unit, c, out.labels, "exact")
+    torch.testing.assert_close(out.sq_dist, ((unit - c[out.labels]) ** 2).sum(1), rtol=1e-5, atol=1e-5)
 
 
 def test_ties_break_to_the_lowest_index_across_tiles():
-    # Centroid 3 and centroid 40 (another tile) are identical: every row must pick 3.
-    c = torch.randn(64, 8)
-    c[40] = c[3]
-    x = c[3].repeat(50, 1) + 0.0
-    labels, _, _ = assign(x.to(DEVICE), c.to(DEVICE), **BLOCKS)
-    assert labels.cpu().tolist() == [3] * 50
+    d = 5
+    x, _ = _data(40, d, 3, seed=7)
+    # Centroid 2 reappears at 20 and 37 (other centroid tiles of 16): ties must keep index 2.
+    c = torch.randn(40, d, generator=torch.Generator().manual_seed(8)).to(DEVICE) * 50
+    c[2] = c[20] = c[37] = x[0]
+    for precision in PRECISIONS:
+        out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=SMALL_TILES)
+        assert int(out.labels[0]) == 2
+        assert torch.equal(out.labels.cpu(), assign_reference(x.cpu(), c.cpu())[0]) or precision == "fast"
 
 
-INTERPRETER_BF16 = pytest.mark.skipif(
-    not ON_GPU, reason="Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584); runs on GPU"
-)
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=needs_gpu_for_bf16)])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_half_precision_inputs(dtype, precision):
+    n, d, k = 97, 40, 23
+    x, c = _data(n, d, k, seed=11, dtype=dtype)
+    out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1), config=SMALL_TILES)
+    _check_labels(x.float(), c, out.labels, precision if precision == "exact" else "fast")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=INTERPRETER_BF16)])
-def test_half_precision_inputs(dtype):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(61, 24, generator=g).to(dtype)
-    c = torch.randn(9, 24, generator=g)
-    labels, best, _ = assign(x.to(DEVICE), c.to(DEVICE), **BLOCKS)
-    ref_labels, ref_best, _ = assign_reference(x, c)
-    agree = (labels.cpu() == ref_labels).float().mean()
-    assert agree >= 0.95  # products of rounded inputs accumulate in fp32; near-ties may flip
-    torch.testing.assert_close(best.cpu().double(), ref_best, rtol=2e-2, atol=2e-1)
-
-
-def test_strided_input_and_bad_arguments():
-    x = torch.randn(40, 20)[:, ::2].to(DEVICE)  # non-contiguous view
-    c = torch.randn(5, 10).to(DEVICE)
-    labels, _, second = assign(x, c, **BLOCKS)
-    assert second is None
-    assert torch.equal(labels.cpu(), assign_reference(x.cpu(), c.cpu())[0])
+def test_strided_input_int32_labels_and_errors():
+    x, c = _data(64, 12, 5, seed=13)
+    wide = torch.zeros(64, 24, device=DEVICE)
+    wide[:, ::2] = x
+    labels = torch.empty(64, dtype=torch.int32, device=DEVICE)
+    out = assign(wide[:, ::2], c, precision="ieee", labels=labels, config=SMALL_TILES)
+    assert out.labels is labels and out.labels.dtype == torch.int32
+    torch.testing.assert_close(out.labels.long().cpu(), assign_reference(x.cpu(), c.cpu())[0])
     with pytest.raises(ValueError, match="expected x"):
-        assign(x, torch.randn(5, 11).to(DEVICE))
+        assign(x, c[:, :3])
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         assign(x.double(), c)
-    with pytest.raises(ValueError, match="input_precision"):
-        assign(x, c, input_precision="fp8")
+    with pytest.raises(ValueError, match="precision"):
+        assign(x, c, precision="tf16")
+    with pytest.raises(ValueError, match="raw_norms"):
+        assign(x, c, precision="exact")
+    with pytest.raises(ValueError, match="both sums and counts"):
+        assign(x, c, precision="fast", sums=torch.zeros(5, 12, device=DEVICE))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="large shapes need a GPU")
+def test_large_shape_on_gpu():
+    n, d, k = 3_000_017, 96, 1000
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(n, d, device="cuda", generator=g)
+    c = torch.randn(k, d, device="cuda", generator=g)
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1))
+    rows = torch.randint(0, n, (20_000,), device="cuda", generator=g)
+    _check_labels(x[rows], c, out.labels[rows], "exact")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 1024), (100_003, 2, 32), (50_000, 128, 500)])
+def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
+    g = torch.Generator(device="cuda").manual_seed(n + d + k)
+    x = torch.randn(n, d, device="cuda", generator=g)
+    c = x[torch.randint(0, n, (k,), device="cuda", generator=g)].clone()
+    labels = torch.full((n,), -7, dtype=torch.int64, device="cuda")
+    sums = torch.zeros(k, d, device="cuda")
+    counts = torch.zeros(k, device="cuda")
+    assign(x, c, precision=precision, raw_norms=x.norm(dim=1), labels=labels, sums=sums, counts=counts, store_sq_dist=False)
+    assert int(labels.min()) >= 0
+    ref_counts = torch.bincount(labels, minlength=k).float()
+    assert torch.equal(counts, ref_counts), f"{int((counts != ref_counts).sum())} clusters, total {float(counts.sum())} vs {n}"
+    torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x), rtol=1e-4, atol=1e-3)

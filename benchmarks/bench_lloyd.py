@@ -1,0 +1,238 @@
+"""Time per Lloyd iteration on the GPU: torchkm's kernels vs a torch dense baseline, flash-kmeans and the floor.
+
+Correctness first: on every workload (fresh random data each run) the fused pass of the exact mode
+runs into a poisoned label buffer, then its labels are checked against a float64 argmin on 8192
+sampled rows and its per-cluster sums against torch's ``index_add_`` of those labels; only then
+is anything timed.
+
+Per iteration means one assignment of every row plus the centroid update (and for torchkm the
+statistics and its one host sync), measured differentially: (time of 3 + R iterations - time of 3
+iterations) / R, so set-up costs (flash-kmeans' ||x||^2 pass, torchkm's final assignment) cancel.
+All runs start from the same centroids (rows of x). Floors: 2 n k d FLOPs at the measured tf32 /
+bf16 GEMM rate, or reading x once at the measured copy bandwidth, whichever is larger.
+
+    python benchmarks/bench_lloyd.py --json out/bench_lloyd.json [--only NAME ...] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import torch
+import triton
+from torchkm._kernels.assign import assign as kernel_assign
+from triton.testing import do_bench
+
+from torchkm import _loop
+from torchkm._reference import DataView
+
+WORKLOADS = [  # (name, n, d, k): DESIGN.md section 4, plus the vocabulary-scale case of issue 3
+    ("seed000-A", 245_760, 32, 32),
+    ("seed000-B", 245_760, 32, 1024),
+    ("100Mx2", 100_000_000, 2, 32),
+    ("SIFT-like", 1_000_000, 128, 4096),
+    ("embeddings", 1_000_000, 768, 8192),
+    ("VQ-batch", 32_768, 256, 8192),
+    ("vocab-64k", 10_000_000, 128, 65_536),
+]
+
+
+def ms(fn) -> float:
+    return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+
+def ceilings() -> dict[str, float]:
+    x = torch.randn(256 * 2**20, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    copy_tbs = 2 * x.numel() * 4 / (ms(lambda: y.copy_(x)) * 1e-3) / 1e12
+    a = torch.randn(8192, 8192, device="cuda")
+    b = torch.randn(8192, 8192, device="cuda")
+    flops = 2 * 8192**3
+    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32 = flops / (ms(lambda: a @ b) * 1e-3) / 1e12
+    torch.backends.cuda.matmul.allow_tf32 = False
+    fp32 = flops / (ms(lambda: a @ b) * 1e-3) / 1e12
+    ah, bh = a.bfloat16(), b.bfloat16()
+    bf16 = flops / (ms(lambda: ah @ bh) * 1e-3) / 1e12
+    return {"copy_TBps": copy_tbs, "fp32_TFLOPs": fp32, "tf32_TFLOPs": tf32, "bf16_TFLOPs": bf16}
+
+
+def per_iteration(run, iters: int) -> float:
+    """Differential time of one iteration: run(n) performs n iterations (synchronised inside)."""
+    def timed(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run(n)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    first = timed(2)  # compile / autotune / warm caches
+    repeats = 2 if first < 2.0 else 1
+    base = min(timed(3) for _ in range(repeats))
+    full = min(timed(3 + iters) for _ in range(repeats))
+    return (full - base) / iters * 1e3
+
+
+def torch_dense(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
+    """The plain torch Lloyd iteration users write: chunked GEMM + argmin, index_add_, divide."""
+    c = c0.clone()
+    k, d = c.shape
+    chunk = max(1, (1 << 28) // k)
+    for _ in range(n_iter):
+        cm = c.to(x.dtype)
+        c_sq = (cm.float() ** 2).sum(1)
+        labels = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+        for s in range(0, x.shape[0], chunk):
+            # tf32 GEMM for fp32 input (allow_tf32 is set by the caller), native bf16 GEMM for bf16.
+            labels[s:s + chunk] = (c_sq - 2 * (x[s:s + chunk] @ cm.T).float()).argmin(1)
+        sums = torch.zeros(k, d, device=x.device).index_add_(0, labels, x.float())
+        counts = torch.bincount(labels, minlength=k).float()
+        c = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], c)
+        float(counts[0])  # the host sync a convergence check costs
+
+
+def torchkm_lloyd(x: torch.Tensor, c0: torch.Tensor, n_iter: int, precision: str) -> int:
+    offset = _loop._data_mean(x, torch.float32, None)
+    data = DataView(x, torch.float32, offset, False, precision)
+    out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=n_iter, tol=-1.0)
+    return out.n_iter
+
+
+def flash(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
+    from flash_kmeans import batch_kmeans_Euclid
+
+    batch_kmeans_Euclid(x[None], c0.shape[0], max_iters=n_iter, tol=-1.0, init_centroids=c0.to(x.dtype)[None].clone())
+
+
+def check(x: torch.Tensor, c: torch.Tensor) -> dict:
+    """Poisoned labels, labels vs float64 on sampled rows, fused sums vs index_add_ of the labels."""
+    n, k = x.shape[0], c.shape[0]
+    labels = torch.full((n,), -7, dtype=torch.int64, device=x.device)
+    sums = torch.zeros(k, x.shape[1], device=x.device)
+    counts = torch.zeros(k, device=x.device)
+    xf = x.float()
+    norms = torch.cat([xf[s:s + 1 << 22].norm(dim=1) for s in range(0, n, 1 << 22)])
+    out = kernel_assign(x, c, precision="exact", raw_norms=norms, labels=labels, sums=sums, counts=counts, store_sq_dist=False)
+    assert int(labels.min()) >= 0 and int(labels.max()) < k, "labels not all written"
+    idx = torch.randint(0, n, (8192,), device=x.device)
+    xs, cs = xf[idx].double(), c.double()
+    dist = (xs * xs).sum(1, keepdim=True) - 2 * xs @ cs.T + (cs * cs).sum(1)
+    true = dist.argmin(1)
+    got = labels[idx]
+    gap = dist.gather(1, got[:, None]).squeeze(1) - dist.gather(1, true[:, None]).squeeze(1)
+    tie = 1e-5 * ((xs * xs).sum(1) + (cs * cs).sum(1).max())
+    ref_sums = torch.zeros_like(sums).index_add_(0, labels, xf)
+    ref_counts = torch.bincount(labels, minlength=k).float()
+    sum_err = float((sums - ref_sums).abs().max() / ref_sums.abs().max().clamp_min(1e-30))
+    if not torch.equal(counts, ref_counts):
+        print(f"FUSED COUNTS DIFFER: {int((counts != ref_counts).sum())} clusters, total {float(counts.sum())} vs {n}, "
+              f"rechecked {int(out.rechecked)}", flush=True)
+    return {"labels_off_pct": 100 * float((got != true).double().mean()),
+            "labels_off_beyond_ties_pct": 100 * float(((got != true) & (gap > tie)).double().mean()),
+            "rechecked_pct": 100 * int(out.rechecked) / n, "sums_rel_err": sum_err}
+
+
+SWEEP = [  # BLOCK_N, BLOCK_K, BLOCK_D, num_warps, num_stages
+    (128, 64, 0, 8, 2), (128, 128, 0, 8, 2), (64, 128, 0, 4, 2), (64, 64, 0, 4, 2), (128, 64, 0, 4, 3),
+    (256, 64, 0, 8, 2), (128, 32, 0, 4, 2), (64, 256, 0, 8, 2),
+]
+
+
+def sweep(x, c, precision):
+    """Time of one fused pass (search + sums, as in a Lloyd iteration) for each tile config."""
+    from torchkm._kernels.configs import assign_config
+
+    base = assign_config(x.shape[0], c.shape[0], x.shape[1], x.dtype, precision)
+    res = {}
+    norms = torch.cat([x[s:s + (1 << 22)].float().norm(dim=1) for s in range(0, x.shape[0], 1 << 22)])
+    sums = torch.zeros(c.shape[0], x.shape[1], device=x.device)
+    counts = torch.zeros(c.shape[0], device=x.device)
+    res["default, search only"] = ms(lambda: kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False))
+    for bn, bk, bd, w, st in SWEEP:
+        bd = bd or base["BLOCK_D"]
+        key = f"{bn},{bk},{bd},{w},{st}"
+        os.environ["TORCHKM_ASSIGN_CONFIG"] = key
+        try:
+            res[key] = ms(lambda: kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False,
+                                                sums=sums, counts=counts))
+        except Exception as e:  # out of shared memory / registers: not a candidate
+            res[key] = f"{type(e).__name__}"
+        finally:
+            del os.environ["TORCHKM_ASSIGN_CONFIG"]
+    return base, res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--only", nargs="*", default=None, help="workload names to run")
+    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    parser.add_argument("--sweep", action="store_true", help="time the assignment pass over a set of tile configs instead")
+    parser.add_argument("--no-flash", action="store_true")
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    try:
+        import flash_kmeans
+        info["flash_kmeans"] = flash_kmeans.__version__
+    except ImportError:
+        args.no_flash = True
+    ceil = ceilings()
+    print(info)
+    print({k: round(v, 2) for k, v in ceil.items()}, flush=True)
+    rows = []
+    for name, n, d, k in WORKLOADS:
+        if args.only and name not in args.only:
+            continue
+        g = torch.Generator(device="cuda").manual_seed(int(time.time()))
+        x32 = torch.randn(n, d, device="cuda", generator=g)
+        c0 = x32[torch.randint(0, n, (k,), device="cuda", generator=g)].clone()
+        for dtype_name in args.dtypes:
+            dtype = getattr(torch, dtype_name)
+            x = x32 if dtype == torch.float32 else x32.to(dtype)
+            row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name}
+            if args.sweep:
+                for precision in ("fast",):
+                    base, res = sweep(x, c0, precision)
+                    print(name, dtype_name, precision, "default", base, flush=True)
+                    for cfg, t in res.items():
+                        print(f"   {cfg:<22} {t if isinstance(t, str) else f'{t:.3f} ms'}", flush=True)
+                    row[f"sweep_{precision}"] = res
+                rows.append(row)
+                continue
+            row.update(check(x, c0))
+            iters = 10 if n * k * d < 1e12 else 3
+            row["ours_exact"] = per_iteration(lambda m: torchkm_lloyd(x, c0, m, "exact"), iters)
+            row["ours_fast"] = per_iteration(lambda m: torchkm_lloyd(x, c0, m, "fast"), iters)
+            if not args.no_flash:
+                row["flash"] = per_iteration(lambda m: flash(x, c0, m), iters)
+            if not args.no_torch:
+                torch.backends.cuda.matmul.allow_tf32 = True
+                row["torch_dense"] = per_iteration(lambda m: torch_dense(x, c0, m), max(1, iters // 5))
+                torch.backends.cuda.matmul.allow_tf32 = False
+            rate = ceil["tf32_TFLOPs"] if dtype == torch.float32 else ceil["bf16_TFLOPs"]
+            row["floor"] = max(2.0 * n * k * d / (rate * 1e12), n * d * x.element_size() / (ceil["copy_TBps"] * 1e12)) * 1e3
+            rows.append(row)
+            print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in row.items()}), flush=True)
+            del x
+            torch.cuda.empty_cache()
+        del x32
+        torch.cuda.empty_cache()
+    if not args.sweep:
+        print(f"\n{'workload':<11} {'dtype':<8} | {'torch':>8} {'flash':>8} {'exact':>8} {'fast':>8} {'floor':>7} | {'exact/floor':>11} {'flash/exact':>11} {'exact/fast':>10} | {'rechk%':>6} {'off%':>6}")
+        for r in rows:
+            f = r.get("flash", float("nan"))
+            print(f"{r['workload']:<11} {r['dtype']:<8} | {r.get('torch_dense', float('nan')):>8.3f} {f:>8.3f} {r['ours_exact']:>8.3f} {r['ours_fast']:>8.3f} {r['floor']:>7.3f} | "
+                  f"{r['ours_exact'] / r['floor']:>11.2f} {f / r['ours_exact']:>11.2f} {r['ours_exact'] / r['ours_fast']:>10.2f} | {r['rechecked_pct']:>6.2f} {r['labels_off_beyond_ties_pct']:>6.3f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"info": info, "ceilings": ceil, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

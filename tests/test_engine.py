@@ -1,0 +1,114 @@
+"""The kernel engine end to end through the public API, against the pure-torch engine.
+
+On a CPU machine ``TORCHKM_ENGINE=triton`` sends CPU tensors through the Triton kernels (run by
+the interpreter), so CI covers the wiring of ``_ops`` (fused pass, exact re-check, deterministic
+update, k-means++ distances) without a GPU; on a GPU the same tests run compiled kernels on CUDA.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import torchkm
+from tests.helpers import blobs
+
+pytest.importorskip("triton")
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+
+
+def _fit_both(monkeypatch, x, k, **kw):
+    monkeypatch.setenv("TORCHKM_ENGINE", "torch")
+    ref = torchkm.fit(x, k, **kw)
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    got = torchkm.fit(x, k, **kw)
+    return got, ref
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_fit_through_kernels_matches_torch_engine(monkeypatch, metric, precision, deterministic):
+    x = torch.from_numpy(blobs(np.random.default_rng(1), 400, 6, 5, offset=50.0)).to(DEVICE)
+    got, ref = _fit_both(monkeypatch, x, 5, random_state=0, metric=metric, precision=precision, deterministic=deterministic)
+    if precision == "fast" and ON_GPU:
+        # tf32 products may settle near-ties differently from the fp32 engine: same clustering quality.
+        assert got.inertia == pytest.approx(ref.inertia, rel=1e-3)
+        return
+    assert torch.equal(got.labels, ref.labels)
+    assert got.n_iter == ref.n_iter
+    torch.testing.assert_close(got.centroids, ref.centroids, rtol=1e-5, atol=1e-4)
+    assert got.inertia == pytest.approx(ref.inertia, rel=1e-5)
+
+
+def test_weights_empty_clusters_and_half_input(monkeypatch):
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(blobs(rng, 300, 4, 3)).to(DEVICE)
+    w = torch.from_numpy(rng.random(300).astype(np.float32)).to(DEVICE)
+    got, ref = _fit_both(monkeypatch, x, 3, random_state=1, sample_weight=w)
+    assert torch.equal(got.labels, ref.labels)
+    assert got.inertia == pytest.approx(ref.inertia, rel=1e-5)
+    # Five copies of one point plus a far one, k=3 from an init that leaves a cluster empty.
+    dup = torch.tensor([[0.0, 0.0]] * 5 + [[10.0, 10.0]], device=DEVICE)
+    init = torch.tensor([[0.0, 0.0], [100.0, 100.0], [10.0, 10.0]], device=DEVICE)
+    with pytest.warns(torchkm.ConvergenceWarning):
+        got, ref = _fit_both(monkeypatch, dup, 3, init=init, max_iter=5)
+    assert torch.isfinite(got.centroids).all()
+    assert got.history[0].empty_clusters == ref.history[0].empty_clusters == 1
+    half = x.half()
+    got, ref = _fit_both(monkeypatch, half, 3, random_state=3)
+    assert torch.equal(got.labels, ref.labels)
+
+
+def test_deterministic_reruns_are_bit_identical(kernels):
+    x = torch.from_numpy(blobs(np.random.default_rng(3), 500, 5, 4)).to(DEVICE)
+    a = torchkm.fit(x, 4, random_state=0, deterministic=True)
+    b = torchkm.fit(x, 4, random_state=0, deterministic=True)
+    assert torch.equal(a.centroids, b.centroids) and torch.equal(a.labels, b.labels) and a.inertia == b.inertia
+
+
+def test_assign_update_and_module_through_kernels(monkeypatch):
+    x = torch.from_numpy(blobs(np.random.default_rng(4), 200, 7, 6, offset=1e3)).to(DEVICE)
+    c = x[:6].clone()
+    results = {}
+    for engine in ("torch", "triton"):
+        monkeypatch.setenv("TORCHKM_ENGINE", engine)
+        labels, dist = torchkm.assign(x, c)
+        labels_cos, dist_cos = torchkm.assign(x - 1e3, c - 1e3, metric="cosine", precision="fast")
+        new = torchkm.update(x, labels, c)
+        km = torchkm.KMeans(6, random_state=0, precision="fast").fit(x)
+        results[engine] = (labels, dist, labels_cos, dist_cos, new, km.predict(x))
+    for i, (got, ref) in enumerate(zip(results["triton"], results["torch"])):
+        if got.dtype == torch.int64:
+            assert torch.equal(got, ref), i
+        else:
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-3)
+
+
+def test_assign_compiles_without_graph_breaks():
+    x = torch.randn(100, 5, device=DEVICE)
+    c = torch.randn(7, 5, device=DEVICE)
+    eager = torchkm.assign(x, c)
+    compiled = torch.compile(lambda a, b: torchkm.assign(a, b), fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    labels, dist = compiled(x, c)
+    assert torch.equal(labels, eager[0])
+    torch.testing.assert_close(dist, eager[1])
+
+
+def test_precision_and_deterministic_arguments_are_checked():
+    x = torch.randn(20, 3)
+    with pytest.raises(ValueError, match="precision"):
+        torchkm.fit(x, 2, precision="tf32")
+    with pytest.raises(ValueError, match="precision"):
+        torchkm.assign(x, x[:2], precision="half")
+    with pytest.raises(ValueError, match="precision"):
+        torchkm.KMeans(2, precision="bf16")

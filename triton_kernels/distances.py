@@ -1,0 +1,75 @@
+"""Squared distances of every row to a few points, computed from the differences (no expansion).
+
+k-means++ adds one centroid at a time and needs, for a handful of candidates, the distance of
+every row to each: an (n, m) output with m small. One program reads BLOCK_N rows (once from
+memory, then from cache for each point) and writes their m distances.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import launcher, load_rows
+
+__all__ = ["sq_distances", "sq_distances_reference"]
+
+
+@triton.jit
+def _sq_distances_kernel(
+    x_ptr, p_ptr, offset_ptr, scale_ptr, out_ptr,
+    n, m, d, stride_xn, stride_xd,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0) if HAS_SCALE else row_mask.to(tl.float32)
+    for j in range(m):
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+        for d0 in range(0, d, BLOCK_D):
+            dims = d0 + tl.arange(0, BLOCK_D)
+            dim_mask = dims < d
+            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+            p = tl.load(p_ptr + j * d + dims, mask=dim_mask, other=0.0)
+            diff = tl.where(dim_mask[None, :], xr - p[None, :], 0.0)
+            acc += tl.sum(diff * diff, axis=1)
+        tl.store(out_ptr + rows * m + j, acc, mask=row_mask)
+
+
+def sq_distances(
+    x: torch.Tensor,
+    points: torch.Tensor,
+    *,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(n, m) float32 ``||(x_i - offset) * row_scale_i - p_j||^2``."""
+    if x.dim() != 2 or points.dim() != 2 or x.shape[1] != points.shape[1]:
+        raise ValueError(f"expected x (n, d) and points (m, d), got {tuple(x.shape)} and {tuple(points.shape)}")
+    n, d = x.shape
+    m = points.shape[0]
+    p = points.to(torch.float32).contiguous()
+    out = torch.empty(n, m, dtype=torch.float32, device=x.device)
+    if n == 0 or m == 0:
+        return out
+    block_n = 128
+    launcher(_sq_distances_kernel)[(triton.cdiv(n, block_n),)](
+        x, p,
+        offset.to(torch.float32).contiguous() if offset is not None else p,
+        row_scale if row_scale is not None else p,
+        out, n, m, d, x.stride(0), x.stride(1),
+        BLOCK_N=block_n, BLOCK_D=min(64, max(16, triton.next_power_of_2(d))),
+        HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
+    )
+    return out
+
+
+def sq_distances_reference(x, points, *, offset=None, row_scale=None) -> torch.Tensor:
+    """Pure-torch reference (float64, returned as float32)."""
+    rows = x.double()
+    if offset is not None:
+        rows = rows - offset.double()
+    if row_scale is not None:
+        rows = rows * row_scale.double()[:, None]
+    return ((rows[:, None, :] - points.double()[None, :, :]) ** 2).sum(-1).float()

@@ -1,0 +1,169 @@
+"""Centroid update: per-cluster (weighted) sums of the rows and per-cluster total weight, in fp32.
+
+Two kernels:
+  ``update``          one pass over the rows with atomics; a tile's rows are first reduced through
+                      a one-hot product when k is small, so k = 2..64 does not serialise on atomics.
+                      Fast; the fp32 summation order (and so the last bits) varies between runs.
+  ``update_sorted``   deterministic: rows are ordered by label (a stable sort), and one program per
+                      (cluster, feature chunk) sums its segment in a fixed order (seed 002's sorted,
+                      segmented reduction). Bit-identical reruns.
+The fused assignment kernel (``assign(..., sums=, counts=)``) does the first while it reads x anyway.
+Rows are read transformed, ``(x - offset) * row_scale``, as in the assignment kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    UPDATE_ATOMIC,
+    UPDATE_ONEHOT,
+    accumulate_rows,
+    launcher,
+    load_rows,
+    onehot_max_k,
+    onehot_width,
+)
+from .configs import update_config
+
+__all__ = ["update", "update_reference", "update_sorted"]
+
+
+@triton.jit
+def _scatter_kernel(
+    x_ptr, labels_ptr, weight_ptr, offset_ptr, scale_ptr, sums_ptr, counts_ptr,
+    n, k, d, stride_xn, stride_xd,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0) if HAS_WEIGHT else row_mask.to(tl.float32)
+    scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0) if HAS_SCALE else w
+    for d0 in range(0, d, BLOCK_D):
+        dims = d0 + tl.arange(0, BLOCK_D)
+        dim_mask = dims < d
+        xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+        accumulate_rows(sums_ptr, counts_ptr, labels, w, row_mask, xr, dims, dim_mask, d0 == 0, k, d, KP, MODE)
+
+
+@triton.jit
+def _segment_sum_kernel(
+    x_ptr, order_ptr, starts_ptr, weight_ptr, offset_ptr, scale_ptr, sums_ptr, counts_ptr,
+    d, stride_xn, stride_xd,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    cluster = tl.program_id(0).to(tl.int64)
+    dims = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dim_mask = dims < d
+    start = tl.load(starts_ptr + cluster)
+    stop = tl.load(starts_ptr + cluster + 1)
+    acc = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    w_acc = tl.zeros((BLOCK_N,), tl.float32)
+    for s in range(start, stop, BLOCK_N):
+        slots = s + tl.arange(0, BLOCK_N)
+        live = slots < stop
+        rows = tl.load(order_ptr + slots, mask=live, other=0).to(tl.int64)
+        w = tl.load(weight_ptr + rows, mask=live, other=0.0) if HAS_WEIGHT else live.to(tl.float32)
+        scale = tl.load(scale_ptr + rows, mask=live, other=1.0) if HAS_SCALE else w
+        xr = load_rows(x_ptr, rows, live, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+        acc += xr * w[:, None]
+        w_acc += w
+    tl.store(sums_ptr + cluster * d + dims, tl.sum(acc, axis=0), mask=dim_mask)
+    if tl.program_id(1) == 0:
+        tl.store(counts_ptr + cluster, tl.sum(w_acc, axis=0))
+
+
+def _check(x: torch.Tensor, labels: torch.Tensor, n_clusters: int) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"x must be (n, d), got shape {tuple(x.shape)}")
+    if labels.shape != (x.shape[0],) or labels.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"labels must be int32/int64 of shape ({x.shape[0]},)")
+    if n_clusters < 1:
+        raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
+
+
+def _transform_args(x, offset, row_scale, sample_weight, dummy):
+    return dict(
+        weight_ptr=dummy if sample_weight is None else sample_weight,
+        offset_ptr=dummy if offset is None else offset.to(torch.float32).contiguous(),
+        scale_ptr=dummy if row_scale is None else row_scale,
+        stride_xn=x.stride(0), stride_xd=x.stride(1),
+        HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
+    )
+
+
+def update(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    n_clusters: int,
+    *,
+    sample_weight: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sums (k, d) float32, counts (k,) float32)`` of the transformed rows per label, with atomics."""
+    _check(x, labels, n_clusters)
+    n, d = x.shape
+    sums = torch.zeros(n_clusters, d, dtype=torch.float32, device=x.device)
+    counts = torch.zeros(n_clusters, dtype=torch.float32, device=x.device)
+    if n == 0:
+        return sums, counts
+    cfg = update_config(d)
+    mode = UPDATE_ONEHOT if n_clusters <= onehot_max_k(d) else UPDATE_ATOMIC
+    launcher(_scatter_kernel)[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        x, labels, sums_ptr=sums, counts_ptr=counts, n=n, k=n_clusters, d=d,
+        KP=onehot_width(n_clusters) if mode == UPDATE_ONEHOT else 16, MODE=mode,
+        **_transform_args(x, offset, row_scale, sample_weight, counts), **cfg,
+    )
+    return sums, counts
+
+
+def update_sorted(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    n_clusters: int,
+    *,
+    sample_weight: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`update`, deterministic: a stable sort by label, then a fixed-order sum per segment."""
+    _check(x, labels, n_clusters)
+    d = x.shape[1]
+    sums = torch.empty(n_clusters, d, dtype=torch.float32, device=x.device)
+    counts = torch.empty(n_clusters, dtype=torch.float32, device=x.device)
+    sorted_labels, order = torch.sort(labels, stable=True)
+    bounds = torch.arange(n_clusters + 1, device=x.device, dtype=sorted_labels.dtype)
+    starts = torch.searchsorted(sorted_labels, bounds)
+    cfg = update_config(d)
+    launcher(_segment_sum_kernel)[(n_clusters, triton.cdiv(d, cfg["BLOCK_D"]))](
+        x, order, starts, sums_ptr=sums, counts_ptr=counts, d=d,
+        **_transform_args(x, offset, row_scale, sample_weight, counts), **cfg,
+    )
+    return sums, counts
+
+
+def update_reference(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    n_clusters: int,
+    *,
+    sample_weight: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch reference (float64 sums, returned as float32)."""
+    rows = x.double()
+    if offset is not None:
+        rows = rows - offset.double()
+    if row_scale is not None:
+        rows = rows * row_scale.double()[:, None]
+    w = torch.ones(x.shape[0], dtype=torch.float64, device=x.device) if sample_weight is None else sample_weight.double()
+    sums = torch.zeros(n_clusters, x.shape[1], dtype=torch.float64, device=x.device).index_add_(0, labels.long(), rows * w[:, None])
+    counts = torch.zeros(n_clusters, dtype=torch.float64, device=x.device).index_add_(0, labels.long(), w)
+    return sums.float(), counts.float()
