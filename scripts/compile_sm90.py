@@ -5,10 +5,12 @@ show up here before any device time is spent:  .venv/bin/python scripts/compile_
 """
 import sys
 import time
-import torch, triton
+
+import torch
+import torchkm._kernels._common as common
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import torchkm._kernels._common as common
 
 TY = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
 seen = set()
@@ -44,7 +46,10 @@ class Compiler:
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         print(f"ok {fn.__name__} {time.time()-t0:.1f}s regs={getattr(k, 'n_regs', '?')} spills={getattr(k,'n_spills','?')} shared={k.metadata.shared} {opts} " + " ".join(f"{a}={b}" for a,b in consts.items() if a.isupper()), flush=True)
 common.launcher = lambda fn: Compiler(fn)
-import torchkm._kernels.assign as A, torchkm._kernels.update as U, torchkm._kernels.distances as D
+import torchkm._kernels.assign as A
+import torchkm._kernels.distances as D
+import torchkm._kernels.update as U
+
 A.launcher = U.launcher = D.launcher = common.launcher
 A.num_persistent_programs = lambda dev: 4
 for (n, d, k) in [(1000, 3, 100), (245760, 32, 32), (245760, 32, 1024), (100_000_000, 2, 32), (1_000_000, 128, 4096), (1_000_000, 768, 8192), (32768, 256, 8192)]:
