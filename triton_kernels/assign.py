@@ -308,6 +308,22 @@ def gap_bound_coefficient(dtype: torch.dtype, d: int) -> float:
     return 1.25 * 4.0 * (2.0 * u + u * u + d * 2.0**-22)
 
 
+def _accumulators(sums, counts, k, d):
+    """The update mode, and the buffers the kernel adds into: for few clusters, replicas of
+    ``sums``/``counts`` (summed back by the caller), so that the programs' atomics do not queue on
+    the same few cache lines."""
+    if sums is None:
+        return UPDATE_NONE, 1, None, None
+    if k > onehot_max_k(d):
+        return UPDATE_ATOMIC, 1, sums, counts
+    n_replicas = min(128, max(1, (1 << 14) // (k * d)))
+    if n_replicas == 1:
+        return UPDATE_ONEHOT, 1, sums, counts
+    acc_sums = torch.zeros(n_replicas, k, d, dtype=torch.float32, device=sums.device)
+    acc_counts = torch.zeros(n_replicas, k, dtype=torch.float32, device=sums.device)
+    return UPDATE_ONEHOT, n_replicas, acc_sums, acc_counts
+
+
 def assign(
     x: torch.Tensor,
     centroids: torch.Tensor,
@@ -384,14 +400,7 @@ def assign(
         bias = c32.double().pow(2).sum(1).float()
     c_mma = (c_cast * -2).contiguous()
 
-    update = UPDATE_NONE if sums is None else (UPDATE_ONEHOT if k <= onehot_max_k(d) else UPDATE_ATOMIC)
-    # Few clusters: spread the atomics of the programs over replicas of the accumulators, so they
-    # do not queue on the same few cache lines; the replicas are summed afterwards.
-    n_replicas = min(128, max(1, (1 << 14) // (k * d))) if update == UPDATE_ONEHOT else 1
-    acc_sums, acc_counts = sums, counts
-    if n_replicas > 1:
-        acc_sums = torch.zeros(n_replicas, k, d, dtype=torch.float32, device=device)
-        acc_counts = torch.zeros(n_replicas, k, dtype=torch.float32, device=device)
+    update, n_replicas, acc_sums, acc_counts = _accumulators(sums, counts, k, d)
     cfg = config or assign_config(n, k, d, x.dtype, precision)
     main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
     recheck_grid = num_persistent_programs(device) if check else 0
@@ -449,12 +458,7 @@ def _assign_small_d(x, c32, offset32, row_scale, sample_weight, prev_labels, lab
     n, d = x.shape
     k = c32.shape[0]
     device = x.device
-    update = UPDATE_NONE if sums is None else (UPDATE_ONEHOT if k <= onehot_max_k(d) else UPDATE_ATOMIC)
-    n_replicas = min(128, max(1, (1 << 14) // (k * d))) if update == UPDATE_ONEHOT else 1
-    acc_sums, acc_counts = sums, counts
-    if n_replicas > 1:
-        acc_sums = torch.zeros(n_replicas, k, d, dtype=torch.float32, device=device)
-        acc_counts = torch.zeros(n_replicas, k, dtype=torch.float32, device=device)
+    update, n_replicas, acc_sums, acc_counts = _accumulators(sums, counts, k, d)
     block_n = small_d_block_n(n, k)
     grid = triton.cdiv(n, block_n)
     part_inertia = torch.empty(grid, dtype=torch.float32, device=device)
