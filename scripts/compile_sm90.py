@@ -66,5 +66,5 @@ for (n, d, k) in [(1000, 3, 100), (245760, 32, 32), (245760, 32, 1024), (100_000
                          config=A.assign_config(n, k, d, dt, prec))
             except Exception as e:
                 print("FAIL", n, d, k, dt, prec, repr(e)[:3000]); sys.exit(1)
-    U.update(xx, torch.zeros(2, dtype=torch.int64), 5); U.update_sorted(xx, torch.zeros(2, dtype=torch.int64), 5)
+    U.update(xx, torch.zeros(2, dtype=torch.int64), 5); U.update(xx, torch.zeros(2, dtype=torch.int64), 5, deterministic=True)
 D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))

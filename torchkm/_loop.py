@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import _ops
-from ._reference import DataView, accumulator_dtype
+from ._reference import DataView, accumulator_dtype, weighted_sum
 from ._validation import (
     as_data_tensor,
     check_centroids,
@@ -90,11 +90,6 @@ class KMeansResult:
 def _metric_distance(sq_distances: torch.Tensor, normalize: bool) -> torch.Tensor:
     # For unit vectors ||x - c||^2 = 2 (1 - cos), so cosine distance is half the squared distance.
     return sq_distances * 0.5 if normalize else sq_distances
-
-
-def _weighted_sum(values: torch.Tensor, sample_weight: torch.Tensor | None) -> torch.Tensor:
-    values = values.to(torch.float64) if values.device.type == "cpu" else values
-    return values.sum() if sample_weight is None else values @ sample_weight.to(values.dtype)
 
 
 def make_generator(random_state: SeedLike) -> torch.Generator:
@@ -212,7 +207,7 @@ def lloyd(
         inertia = inertia_f
     else:
         labels, sq = _ops.assign(data, c)
-        inertia = float(_weighted_sum(_metric_distance(sq, data.normalize), sample_weight))
+        inertia = float(weighted_sum(_metric_distance(sq, data.normalize), sample_weight))
     assert labels is not None
     return KMeansResult(c, labels, inertia, len(history), history, converged)
 

@@ -20,7 +20,7 @@ import torch
 
 from . import _reference
 from ._reference import DataView
-from ._validation import PRECISIONS
+from ._validation import PRECISIONS, compute_dtype
 
 __all__ = ["PRECISIONS", "StepResult", "assign", "lloyd_step", "query_view", "sq_distances_to", "update", "uses_kernels"]
 
@@ -84,22 +84,17 @@ def lloyd_step(
     if not uses_kernels(data):
         labels, sq = _reference.assign(data, centroids)
         sums, counts = _reference.update(data, labels, k, sample_weight)
-        values = sq.to(torch.float64) if sq.device.type == "cpu" else sq
-        inertia = values.sum() if sample_weight is None else values @ sample_weight.to(values.dtype)
+        inertia = _reference.weighted_sum(sq, sample_weight)
         changed = torch.tensor(data.n_samples, device=data.device) if prev_labels is None else (labels != prev_labels).sum()
         return StepResult(labels, sq, sums, counts, inertia, changed)
     from ._kernels.assign import assign as kernel_assign
-    from ._kernels.update import update_sorted
 
     inputs = _kernel_inputs(data)
     if deterministic:
         out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, **inputs)
-        sums, counts = update_sorted(
-            data.x, out.labels, k, sample_weight=sample_weight, offset=data.offset, row_scale=data.row_scale
-        )
-        sq = out.sq_dist
-        inertia = sq.sum() if sample_weight is None else sq @ sample_weight
-        return StepResult(out.labels, sq, sums, counts, inertia, out.changed)
+        sums, counts = update(data, out.labels, k, sample_weight, deterministic=True)
+        inertia = _reference.weighted_sum(out.sq_dist, sample_weight)
+        return StepResult(out.labels, out.sq_dist, sums, counts, inertia, out.changed)
     sums = torch.zeros(k, data.n_features, dtype=torch.float32, device=data.device)
     counts = torch.zeros(k, dtype=torch.float32, device=data.device)
     out = kernel_assign(
@@ -119,11 +114,12 @@ def update(
     """Per-cluster weighted sums and weights (see ``_reference.update``)."""
     if not uses_kernels(data):
         return _reference.update(data, labels, n_clusters, sample_weight)
-    from ._kernels.update import update as scatter_update
-    from ._kernels.update import update_sorted
+    from ._kernels.update import update as kernel_update
 
-    fn = update_sorted if deterministic else scatter_update
-    return fn(data.x, labels, n_clusters, sample_weight=sample_weight, offset=data.offset, row_scale=data.row_scale)
+    return kernel_update(
+        data.x, labels, n_clusters, sample_weight=sample_weight, offset=data.offset, row_scale=data.row_scale,
+        deterministic=deterministic,
+    )
 
 
 def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:
@@ -147,8 +143,6 @@ def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision:
     enough for data far from the origin; cosine queries are row-normalised (the caller checks
     that no row is zero).
     """
-    from ._validation import compute_dtype
-
     dtype = compute_dtype(x.dtype, centroids.dtype)
     c = centroids.to(dtype)
     if metric == "cosine":

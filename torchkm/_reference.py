@@ -20,7 +20,7 @@ import torch
 
 from ._validation import iter_row_chunks
 
-__all__ = ["DataView", "assign", "pairwise_sq_distances", "update"]
+__all__ = ["DataView", "assign", "pairwise_sq_distances", "update", "weighted_sum"]
 
 # Temporaries of one chunk (a rows x k distance block) stay near this many elements.
 _ASSIGN_CHUNK_ELEMENTS = 1 << 22
@@ -117,6 +117,12 @@ def assign(data: DataView, centroids: torch.Tensor, chunk_size: int | None = Non
         diff = rows - c.index_select(0, idx)
         sq_distances[start:stop] = torch.einsum("ij,ij->i", diff, diff)
     return labels, sq_distances
+
+
+def weighted_sum(values: torch.Tensor, sample_weight: torch.Tensor | None) -> torch.Tensor:
+    """``sum(w * values)`` as a 0-d tensor (float64 on the CPU, where it is cheap)."""
+    values = values.to(torch.float64) if values.device.type == "cpu" else values
+    return values.sum() if sample_weight is None else values @ sample_weight.to(values.dtype)
 
 
 def accumulator_dtype(data: DataView) -> torch.dtype:

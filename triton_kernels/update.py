@@ -1,11 +1,11 @@
 """Centroid update: per-cluster (weighted) sums of the rows and per-cluster total weight, in fp32.
 
-Two kernels:
-  ``update``          one pass over the rows with atomics; a tile's rows are first reduced through
+Two kernels behind one ``update``:
+  default             one pass over the rows with atomics; a tile's rows are first reduced through
                       a one-hot product when k is small, so k = 2..64 does not serialise on atomics.
                       Fast; the fp32 summation order (and so the last bits) varies between runs.
-  ``update_sorted``   deterministic: rows are ordered by label (a stable sort), and one program per
-                      (cluster, feature chunk) sums its segment in a fixed order (seed 002's sorted,
+  deterministic=True  rows are ordered by label (a stable sort), and one program per (cluster,
+                      feature chunk) sums its segment in a fixed order (seed 002's sorted,
                       segmented reduction). Bit-identical reruns.
 The fused assignment kernel (``assign(..., sums=, counts=)``) does the first while it reads x anyway.
 Rows are read transformed, ``(x - offset) * row_scale``, as in the assignment kernel.
@@ -28,7 +28,7 @@ from ._common import (
 )
 from .configs import update_config
 
-__all__ = ["update", "update_reference", "update_sorted"]
+__all__ = ["update", "update_reference"]
 
 
 @triton.jit
@@ -78,15 +78,6 @@ def _segment_sum_kernel(
         tl.store(counts_ptr + cluster, tl.sum(w_acc, axis=0))
 
 
-def _check(x: torch.Tensor, labels: torch.Tensor, n_clusters: int) -> None:
-    if x.dim() != 2:
-        raise ValueError(f"x must be (n, d), got shape {tuple(x.shape)}")
-    if labels.shape != (x.shape[0],) or labels.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"labels must be int32/int64 of shape ({x.shape[0]},)")
-    if n_clusters < 1:
-        raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
-
-
 def _transform_args(x, offset, row_scale, sample_weight, dummy):
     return dict(
         weight_ptr=dummy if sample_weight is None else sample_weight,
@@ -105,45 +96,38 @@ def update(
     sample_weight: torch.Tensor | None = None,
     offset: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
+    deterministic: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sums (k, d) float32, counts (k,) float32)`` of the transformed rows per label, with atomics."""
-    _check(x, labels, n_clusters)
+    """``(sums (k, d) float32, counts (k,) float32)`` of the transformed rows per label.
+
+    ``deterministic=False``: atomics (last bits vary between runs); ``True``: a stable sort by
+    label, then a fixed-order sum per segment (bit-identical reruns).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be (n, d), got shape {tuple(x.shape)}")
+    if labels.shape != (x.shape[0],) or labels.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"labels must be int32/int64 of shape ({x.shape[0]},)")
+    if n_clusters < 1:
+        raise ValueError(f"n_clusters must be >= 1, got {n_clusters}")
     n, d = x.shape
     sums = torch.zeros(n_clusters, d, dtype=torch.float32, device=x.device)
     counts = torch.zeros(n_clusters, dtype=torch.float32, device=x.device)
     if n == 0:
         return sums, counts
     cfg = update_config(d)
+    transform = _transform_args(x, offset, row_scale, sample_weight, counts)
+    if deterministic:
+        sorted_labels, order = torch.sort(labels, stable=True)
+        bounds = torch.arange(n_clusters + 1, device=x.device, dtype=sorted_labels.dtype)
+        starts = torch.searchsorted(sorted_labels, bounds)
+        launcher(_segment_sum_kernel)[(n_clusters, triton.cdiv(d, cfg["BLOCK_D"]))](
+            x, order, starts, sums_ptr=sums, counts_ptr=counts, d=d, **transform, **cfg,
+        )
+        return sums, counts
     mode = UPDATE_ONEHOT if n_clusters <= onehot_max_k(d) else UPDATE_ATOMIC
     launcher(_scatter_kernel)[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x, labels, sums_ptr=sums, counts_ptr=counts, n=n, k=n_clusters, d=d,
-        KP=onehot_width(n_clusters) if mode == UPDATE_ONEHOT else 16, MODE=mode,
-        **_transform_args(x, offset, row_scale, sample_weight, counts), **cfg,
-    )
-    return sums, counts
-
-
-def update_sorted(
-    x: torch.Tensor,
-    labels: torch.Tensor,
-    n_clusters: int,
-    *,
-    sample_weight: torch.Tensor | None = None,
-    offset: torch.Tensor | None = None,
-    row_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """As :func:`update`, deterministic: a stable sort by label, then a fixed-order sum per segment."""
-    _check(x, labels, n_clusters)
-    d = x.shape[1]
-    sums = torch.empty(n_clusters, d, dtype=torch.float32, device=x.device)
-    counts = torch.empty(n_clusters, dtype=torch.float32, device=x.device)
-    sorted_labels, order = torch.sort(labels, stable=True)
-    bounds = torch.arange(n_clusters + 1, device=x.device, dtype=sorted_labels.dtype)
-    starts = torch.searchsorted(sorted_labels, bounds)
-    cfg = update_config(d)
-    launcher(_segment_sum_kernel)[(n_clusters, triton.cdiv(d, cfg["BLOCK_D"]))](
-        x, order, starts, sums_ptr=sums, counts_ptr=counts, d=d,
-        **_transform_args(x, offset, row_scale, sample_weight, counts), **cfg,
+        KP=onehot_width(n_clusters) if mode == UPDATE_ONEHOT else 16, MODE=mode, **transform, **cfg,
     )
     return sums, counts
 
