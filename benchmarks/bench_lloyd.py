@@ -135,14 +135,19 @@ def check(x: torch.Tensor, c: torch.Tensor) -> dict:
             "rechecked_pct": 100 * int(out.rechecked) / n, "sums_rel_err": sum_err}
 
 
-SWEEP = [  # BLOCK_N, BLOCK_K, BLOCK_D, num_warps, num_stages
-    (128, 64, 0, 8, 2), (128, 128, 0, 8, 2), (64, 128, 0, 4, 2), (64, 64, 0, 4, 2), (128, 64, 0, 4, 3),
-    (256, 64, 0, 8, 2), (128, 32, 0, 4, 2), (64, 256, 0, 8, 2),
-]
+SWEEP = {  # workload: candidate "BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages,EAGER" (few or no spills under ptxas)
+    "seed000-A": ["128,32,32,8,2,1", "64,32,32,4,2,1", "128,32,32,8,2,0", "64,32,32,4,2,0"],
+    "seed000-B": ["128,128,32,8,2,1", "64,128,32,4,2,1", "128,128,32,8,3,1", "128,128,32,8,2,0", "128,256,32,8,2,1"],
+    "SIFT-like": ["128,128,128,8,2,1", "128,64,128,8,2,1", "64,128,128,4,2,1", "128,128,32,8,4,1", "128,128,64,8,3,1",
+                  "128,128,128,8,2,0", "128,256,128,8,2,1"],
+    "embeddings": ["128,128,32,8,4,1", "128,64,64,8,3,1", "128,128,64,8,3,1", "128,128,32,8,3,1"],
+    "VQ-batch": ["128,128,32,8,4,1", "128,64,64,8,3,1", "128,128,32,8,3,1", "64,64,256,4,2,1", "128,64,256,8,2,1",
+                 "128,128,256,8,2,1", "128,128,64,8,3,1"],
+}
 
 
-def sweep(x, c, precision):
-    """Time of one fused pass (search + sums, as in a Lloyd iteration) for each tile config."""
+def sweep(name, x, c, precision):
+    """Time of one fused pass (search + sums, as in a Lloyd iteration) for each candidate tile config."""
     from torchkm._kernels.configs import assign_config
 
     base = assign_config(x.shape[0], c.shape[0], x.shape[1], x.dtype, precision)
@@ -150,14 +155,18 @@ def sweep(x, c, precision):
     norms = torch.cat([x[s:s + (1 << 22)].float().norm(dim=1) for s in range(0, x.shape[0], 1 << 22)])
     sums = torch.zeros(c.shape[0], x.shape[1], device=x.device)
     counts = torch.zeros(c.shape[0], device=x.device)
+
+    def fused():
+        return kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False, sums=sums, counts=counts)
+
+    res["default"] = ms(fused)
     res["default, search only"] = ms(lambda: kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False))
-    for bn, bk, bd, w, st in SWEEP:
-        bd = bd or base["BLOCK_D"]
-        key = f"{bn},{bk},{bd},{w},{st}"
+    if precision == "exact":
+        res["rechecked_pct"] = 100 * int(fused().rechecked) / x.shape[0]
+    for key in SWEEP.get(name, []):
         os.environ["TORCHKM_ASSIGN_CONFIG"] = key
         try:
-            res[key] = ms(lambda: kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False,
-                                                sums=sums, counts=counts))
+            res[key] = ms(fused)
         except Exception as e:  # out of shared memory / registers: not a candidate
             res[key] = f"{type(e).__name__}"
         finally:
@@ -197,11 +206,12 @@ def main() -> None:
             x = x32 if dtype == torch.float32 else x32.to(dtype)
             row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name}
             if args.sweep:
-                for precision in ("fast",):
-                    base, res = sweep(x, c0, precision)
+                for precision in ("fast", "exact"):
+                    base, res = sweep(name, x, c0, precision)
                     print(name, dtype_name, precision, "default", base, flush=True)
                     for cfg, t in res.items():
-                        print(f"   {cfg:<22} {t if isinstance(t, str) else f'{t:.3f} ms'}", flush=True)
+                        unit = "%" if cfg.endswith("pct") else " ms"
+                        print(f"   {cfg:<22} {t if isinstance(t, str) else f'{t:.3f}{unit}'}", flush=True)
                     row[f"sweep_{precision}"] = res
                 rows.append(row)
                 continue

@@ -1,19 +1,41 @@
 """Compile every kernel variant the benchmark shapes use for sm_90 on a machine without a GPU.
 
-Triton lowers to PTX and runs its bundled ptxas, so front-end errors and shared-memory overruns
-show up here before any device time is spent:  .venv/bin/python scripts/compile_sm90.py
+Triton lowers to PTX and runs its bundled ptxas, so front-end errors, shared-memory overruns and
+register spills show up here before any device time is spent:
+
+    .venv/bin/python scripts/compile_sm90.py                 # every variant of the default configs
+    .venv/bin/python scripts/compile_sm90.py --sweep SIFT-like:bfloat16:fast 128,128,128,8,2,1 ...
 """
+import argparse
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 import torchkm._kernels._common as common
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 TY = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
 seen = set()
+
+
+def ptxas_usage(ptx: str, name: str) -> str:
+    """Registers and spill bytes from Triton's bundled ptxas (-v), as the GPU would load the kernel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as fh:
+            fh.write(ptx)
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", path, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True, check=False).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    return f"regs={regs.group(1) if regs else '?'} spill_bytes={spill.group(1) if spill else '?'}"
 class Compiler:
     def __init__(self, fn): self.fn = fn
     def __getitem__(self, grid): return self
@@ -44,7 +66,9 @@ class Compiler:
         t0 = time.time()
         src = ASTSource(fn, sig, consts)
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-        print(f"ok {fn.__name__} {time.time()-t0:.1f}s regs={getattr(k, 'n_regs', '?')} spills={getattr(k,'n_spills','?')} shared={k.metadata.shared} {opts} " + " ".join(f"{a}={b}" for a,b in consts.items() if a.isupper()), flush=True)
+        shown = ("BLOCK_N", "BLOCK_K", "BLOCK_D", "CHECK", "EAGER", "PRECISION", "ONE_CHUNK", "HAS_ROW_INDEX", "UPDATE")
+        print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} shared={k.metadata.shared} {opts} "
+              + " ".join(f"{a}={b}" for a, b in consts.items() if a in shown or fn.__name__ != "_assign_kernel"), flush=True)
 common.launcher = lambda fn: Compiler(fn)
 import torchkm._kernels.assign as A
 import torchkm._kernels.distances as D
@@ -52,19 +76,46 @@ import torchkm._kernels.update as U
 
 A.launcher = U.launcher = D.launcher = common.launcher
 A.num_persistent_programs = lambda dev: 4
-for (n, d, k) in [(1000, 3, 100), (245760, 32, 32), (245760, 32, 1024), (100_000_000, 2, 32), (1_000_000, 128, 4096), (1_000_000, 768, 8192), (32768, 256, 8192)]:
-    for dt in (torch.float32, torch.bfloat16):
-        x = torch.empty(0, d, dtype=dt).expand(n, d) if False else torch.empty(1, d, dtype=dt)
-        # fake shape: only dtypes and strides matter for compilation
-        class X(torch.Tensor): pass
+WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
+             "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
+             "VQ-batch": (32768, 256, 8192)}
+
+
+def compile_assign(n, d, k, dtype, precision, config):
+    # Only dtypes, strides and constexprs matter for compilation: a 2-row stand-in for x.
+    x = torch.empty(2, d, dtype=dtype)
+    c = torch.randn(k, d)
+    A.assign(x, c, precision=precision, offset=torch.zeros(d), raw_norms=torch.ones(2), sums=torch.zeros(k, d),
+             counts=torch.zeros(k), store_sq_dist=False, prev_labels=torch.zeros(2, dtype=torch.int64), config=config)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sweep", nargs="+", metavar="WORKLOAD:DTYPE:PRECISION CONFIG",
+                        help="compile one workload's assign kernel at each config BN,BK,BD,warps,stages,eager")
+    args = parser.parse_args()
+    if args.sweep:
+        name, dtype, precision = args.sweep[0].split(":")
+        n, d, k = WORKLOADS[name]
+        for spec in args.sweep[1:]:
+            bn, bk, bd, warps, stages, eager = (int(v) for v in spec.split(","))
+            compile_assign(n, d, k, getattr(torch, dtype), precision,
+                           {"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_D": bd, "num_warps": warps, "num_stages": stages,
+                            "EAGER": bool(eager)})
+        return
+    for n, d, k in WORKLOADS.values():
+        for dt in (torch.float32, torch.bfloat16):
+            for prec in ("exact", "fast"):
+                try:
+                    compile_assign(n, d, k, dt, prec, A.assign_config(n, k, d, dt, prec))
+                except Exception as e:  # noqa: BLE001 - report any compiler failure, then stop
+                    print("FAIL", n, d, k, dt, prec, repr(e)[:3000])
+                    sys.exit(1)
         xx = torch.empty(2, d, dtype=dt)
-        c = torch.randn(k, d)
-        for prec in ("exact", "fast"):
-            sums = torch.zeros(k, d); counts = torch.zeros(k)
-            try:
-                A.assign(xx, c, precision=prec, offset=torch.zeros(d), raw_norms=torch.ones(2), sums=sums, counts=counts, store_sq_dist=False, prev_labels=torch.zeros(2, dtype=torch.int64),
-                         config=A.assign_config(n, k, d, dt, prec))
-            except Exception as e:
-                print("FAIL", n, d, k, dt, prec, repr(e)[:3000]); sys.exit(1)
-    U.update(xx, torch.zeros(2, dtype=torch.int64), 5); U.update(xx, torch.zeros(2, dtype=torch.int64), 5, deterministic=True)
-D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))
+        U.update(xx, torch.zeros(2, dtype=torch.int64), 5)
+        U.update(xx, torch.zeros(2, dtype=torch.int64), 5, deterministic=True)
+    D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))
+
+
+if __name__ == "__main__":
+    main()

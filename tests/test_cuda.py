@@ -60,6 +60,35 @@ def test_cuda_default_reruns_agree(x_cpu):
     torch.testing.assert_close(a.centroids, b.centroids, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_cuda_graph_iterations_match_launches_from_python(x_cpu, monkeypatch, metric):
+    # Small problems replay the iteration as a CUDA graph; the same fit without it must agree.
+    x = x_cpu.cuda()
+    init = x[:40].clone()
+    graphed = torchkm.fit(x, 40, init=init, max_iter=15, tol=0, metric=metric)
+    monkeypatch.setenv("TORCHKM_CUDA_GRAPHS", "0")
+    plain = torchkm.fit(x, 40, init=init, max_iter=15, tol=0, metric=metric)
+    assert graphed.n_iter == plain.n_iter
+    assert [h.labels_changed for h in graphed.history] == [h.labels_changed for h in plain.history]
+    torch.testing.assert_close(graphed.centroids, plain.centroids, rtol=1e-4, atol=1e-4)
+    assert torch.equal(graphed.labels, plain.labels)
+    assert graphed.inertia == pytest.approx(plain.inertia, rel=1e-5)
+
+
+def test_cuda_graph_iterations_relocate_empty_clusters(monkeypatch):
+    # Copies of one centroid leave clusters empty; relocation runs between the graph's replays.
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(5_000, 16, device="cuda", generator=g)
+    init = torch.cat([x[:8], x[:1].expand(8, 16)])
+    graphed = torchkm.fit(x, 16, init=init, max_iter=20, tol=0)
+    monkeypatch.setenv("TORCHKM_CUDA_GRAPHS", "0")
+    plain = torchkm.fit(x, 16, init=init, max_iter=20, tol=0)
+    assert sum(h.empty_clusters for h in graphed.history) >= 8
+    assert [h.empty_clusters for h in graphed.history] == [h.empty_clusters for h in plain.history]
+    assert torch.bincount(graphed.labels, minlength=16).min() > 0
+    torch.testing.assert_close(graphed.centroids, plain.centroids, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_peak_memory_is_x_plus_linear_terms(dtype):
     n, d, k = 4_000_000, 64, 256

@@ -7,6 +7,7 @@ init -> (assign -> update -> fix empty clusters -> stats -> converged?)* -> fina
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -149,6 +150,74 @@ def new_centroids(sums: torch.Tensor, counts: torch.Tensor, old: torch.Tensor, n
     return new
 
 
+def _iterate(
+    data: DataView,
+    c: torch.Tensor,
+    prev_labels: torch.Tensor | None,
+    sample_weight: torch.Tensor | None,
+    deterministic: bool,
+    labels_out: torch.Tensor | None = None,
+) -> tuple[_ops.StepResult, torch.Tensor, torch.Tensor]:
+    """One Lloyd iteration with no host synchronisation: the step, the new centroids (empty
+    clusters keep theirs) and the statistics ``[inertia, shift, changed, empty]`` (float64, device)."""
+    step = _ops.lloyd_step(data, c, prev_labels, sample_weight, deterministic, labels_out)
+    new_c = new_centroids(step.sums, step.counts, c, data.normalize)
+    shift = ((new_c - c) ** 2).sum()
+    stats = torch.stack([step.inertia.double(), shift.double(), step.changed.double(), (step.counts <= 0).sum().double()])
+    return step, new_c, stats
+
+
+# Iterations whose passes do at most about this much work (n * k * d) are replayed as CUDA graphs:
+# below it, launching some 40 small kernels from Python costs more than the pass itself.
+_GRAPH_MAX_WORK = 1 << 37
+
+
+def _use_cuda_graph(data: DataView, k: int, deterministic: bool) -> bool:
+    if deterministic or data.device.type != "cuda" or not _ops.uses_kernels(data):
+        return False
+    if os.environ.get("TORCHKM_CUDA_GRAPHS", "1") == "0" or torch.compiler.is_compiling():
+        return False
+    return data.n_samples * max(k, 32) * data.n_features <= _GRAPH_MAX_WORK
+
+
+class _CapturedIteration:
+    """Lloyd iterations replayed as one CUDA graph instead of some 40 launches from Python.
+
+    The labels are updated in place (the kernels read a row's previous label before writing its
+    new one) and the graph ends by moving the new centroids into its own input buffer, so replays
+    follow one another with no copies. Built by running one real iteration on a side stream (which
+    compiles the kernels and warms the allocator; its results are ``first``), then capturing the
+    same calls.
+    """
+
+    def __init__(self, data: DataView, c: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor | None):
+        self.c = c.clone()
+        self.labels = labels.clone()
+        device = data.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.device(device), torch.cuda.stream(side):
+            self.first = self._body(data, sample_weight)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(self.graph):
+            self.out = self._body(data, sample_weight)
+
+    def _body(self, data, sample_weight):
+        step, new_c, stats = _iterate(data, self.c, self.labels, sample_weight, False, labels_out=self.labels)
+        old_c = self.c.clone()
+        self.c.copy_(new_c)
+        return step, old_c, stats
+
+    def next(self) -> tuple[_ops.StepResult, torch.Tensor, torch.Tensor]:
+        """The step, the old centroids and the statistics of the next iteration (new centroids: ``c``)."""
+        if self.first is not None:
+            out, self.first = self.first, None
+            return out
+        self.graph.replay()
+        return self.out
+
+
 def lloyd(
     data: DataView,
     centroids: torch.Tensor,
@@ -164,7 +233,8 @@ def lloyd(
     Converges when no label changes (strict) or the total squared centroid shift is at most ``tol``
     (already scaled to the data), or after ``max_iter`` iterations; then assigns once more so the
     labels returned match the centroids returned. Each iteration synchronises with the device once,
-    to read its statistics (a second time only when a cluster went empty).
+    to read its statistics (a second time only when a cluster went empty). Small problems on the
+    kernels replay the iteration as a CUDA graph from the second iteration on.
     """
     c = centroids.to(data.dtype).clone()
     prev_labels: torch.Tensor | None = None
@@ -172,22 +242,31 @@ def lloyd(
     strict = converged = False
     labels: torch.Tensor | None = None
     inertia_f = float("nan")
+    graph: _CapturedIteration | None = None
+    try_graph = _use_cuda_graph(data, c.shape[0], deterministic)
     for it in range(max_iter):
         t0 = time.perf_counter()
-        step = _ops.lloyd_step(data, c, prev_labels, sample_weight, deterministic)
+        if try_graph and prev_labels is not None:
+            try_graph = False
+            try:
+                graph = _CapturedIteration(data, c, prev_labels, sample_weight)
+            except RuntimeError as err:  # capture unsupported here: stay with launches from Python
+                logger.debug("CUDA graph capture failed (%s); iterating without it", err)
+        if graph is not None:
+            step, old_c, stats = graph.next()
+            new_c = graph.c
+        else:
+            step, new_c, stats = _iterate(data, c, prev_labels, sample_weight, deterministic)
+            old_c = c
         labels, sums, counts = step.labels, step.sums, step.counts
-        empty = counts <= 0
-        new_c = new_centroids(sums, counts, c, data.normalize)
-        shift = ((new_c - c) ** 2).sum()
-        inertia_f, shift_f, changed_f, empty_f = torch.stack(
-            [step.inertia.double(), shift.double(), step.changed.double(), empty.sum().double()]
-        ).tolist()
+        inertia_f, shift_f, changed_f, empty_f = stats.tolist()
         n_empty = int(empty_f)
         if n_empty:
-            sq = step.sq_distances if step.sq_distances is not None else _ops.assign(data, c)[1]
-            _relocate_empty(data, labels, sq, sums, counts, empty, sample_weight)
-            new_c = new_centroids(sums, counts, c, data.normalize)
-            shift_f = float(((new_c - c) ** 2).sum())
+            sq = step.sq_distances if step.sq_distances is not None else _ops.assign(data, old_c)[1]
+            _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight)
+            relocated = new_centroids(sums, counts, old_c, data.normalize)
+            shift_f = float(((relocated - old_c) ** 2).sum())
+            new_c = new_c.copy_(relocated) if graph is not None else relocated
         if data.normalize:
             inertia_f *= 0.5
         c = new_c
@@ -203,6 +282,9 @@ def lloyd(
             converged = True
             break
         prev_labels = labels
+    if graph is not None:
+        # The graph's buffers are reused by its replays: hand out copies.
+        c, labels = c.clone(), labels.clone()
     if strict:
         inertia = inertia_f
     else:

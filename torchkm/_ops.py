@@ -73,12 +73,14 @@ def lloyd_step(
     prev_labels: torch.Tensor | None,
     sample_weight: torch.Tensor | None,
     deterministic: bool,
+    labels_out: torch.Tensor | None = None,
 ) -> StepResult:
     """Assign every row and accumulate per-cluster sums and weights, with no host synchronisation.
 
     On the kernels, the default is one fused pass (x read once; atomics, so the last bits of the
     sums vary between runs); ``deterministic=True`` assigns, then sums with the sorted,
-    segmented kernel for bit-identical reruns.
+    segmented kernel for bit-identical reruns. The kernels write the labels into ``labels_out``
+    when given (it may be ``prev_labels``: updated in place).
     """
     k = centroids.shape[0]
     if not uses_kernels(data):
@@ -91,14 +93,15 @@ def lloyd_step(
 
     inputs = _kernel_inputs(data)
     if deterministic:
-        out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, **inputs)
+        out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, labels=labels_out,
+                            **inputs)
         sums, counts = update(data, out.labels, k, sample_weight, deterministic=True)
         inertia = _reference.weighted_sum(out.sq_dist, sample_weight)
         return StepResult(out.labels, out.sq_dist, sums, counts, inertia, out.changed)
     sums = torch.zeros(k, data.n_features, dtype=torch.float32, device=data.device)
     counts = torch.zeros(k, dtype=torch.float32, device=data.device)
     out = kernel_assign(
-        data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels,
+        data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, labels=labels_out,
         sums=sums, counts=counts, store_sq_dist=False, **inputs,
     )
     return StepResult(out.labels, None, sums, counts, out.inertia, out.changed)

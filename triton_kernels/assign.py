@@ -4,9 +4,11 @@ One program owns BLOCK_N rows and streams centroid tiles of BLOCK_K through ``tl
 cores), looping over the features in BLOCK_D chunks when d is large. The accumulator starts at
 ``||c_j||^2`` and the centroids are pre-scaled by -2 (exact: a power of two), so the tensor cores
 produce the score ``||c_j||^2 - 2 x.c_j`` (the squared distance minus ``||x||^2``) with no epilogue
-arithmetic. The running minimum is kept *per column of the tile* and reduced across columns only
-once, after the last centroid tile: each tile costs three element-wise operations instead of
-cross-thread reductions. Ties go to the lowest index, as in numpy, faiss and scikit-learn.
+arithmetic. Two ways to keep the running minimum (config ``EAGER``): lazily *per column of the
+tile*, reduced across columns only once after the last centroid tile (three element-wise
+operations per tile, no cross-thread reductions, but three tile-sized register arrays); or
+eagerly per row after every tile (reductions per tile, few registers, so larger tiles fit). Ties
+go to the lowest index, as in numpy, faiss and scikit-learn.
 
 After the search the program reads its rows again (from cache) and computes, per row:
 ``||x - c_label||^2`` directly in fp32 (accurate even when the expansion cancels), the inertia and
@@ -15,10 +17,12 @@ Lloyd iteration reads x once.
 
 Precision (``precision=``):
   ``"fast"``   products in x's dtype on tensor cores: tf32 for fp32 input, native fp16/bf16.
-  ``"exact"``  the fast pass also keeps the second-best score; rows whose best-two gap is within the
-               rounding bound of the fast products are re-searched with 3xTF32 products against
-               all centroids (a second, persistent launch over just those rows). Labels then equal
-               those of an fp32 computation up to ties within fp32 rounding.
+  ``"exact"``  the fast pass also keeps the best two candidates and the third-best score. A row
+               whose best-two gap is within the rounding bound of the fast products is settled by
+               direct fp32 distances to both candidates; a row with a third score inside the bound
+               too is re-searched with 3xTF32 products against all centroids (a second, persistent
+               launch over just those rows). Labels then equal those of an fp32 computation up to
+               ties within fp32 rounding.
   ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
 transformed copy of x ever exists.
@@ -58,7 +62,7 @@ def _tile(
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr,
 ):
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_INDEX:
@@ -78,10 +82,18 @@ def _tile(
     tile_cols = tl.arange(0, BLOCK_K)
     dims0 = tl.arange(0, BLOCK_D)
 
-    # Per-column running best score, the k0 of the tile it came from, and (CHECK) second best.
-    best_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
-    tile_t = tl.zeros((BLOCK_N, BLOCK_K), tl.int32)
-    second_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
+    if EAGER:
+        # Per-row running best, its index, and (CHECK) the second best with its index and the
+        # third-best score.
+        best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+        label = tl.zeros((BLOCK_N,), tl.int32)
+        second = tl.full((BLOCK_N,), float("inf"), tl.float32)
+        label2 = tl.zeros((BLOCK_N,), tl.int32)
+        third = tl.full((BLOCK_N,), float("inf"), tl.float32)
+    else:
+        # Per-column running best score and the k0 of the tile it came from (CHECK needs EAGER).
+        best_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
+        tile_t = tl.zeros((BLOCK_N, BLOCK_K), tl.int32)
     if ONE_CHUNK:
         # The whole row fits one chunk: load and transform it once for all centroid tiles.
         if RAW_MMA:
@@ -100,39 +112,68 @@ def _tile(
             acc = bias[None, :] * raw_norm[:, None]
         else:
             acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
-        for d0 in range(0, d, BLOCK_D):
-            dims = d0 + dims0
-            dim_mask = dims < d
-            if ONE_CHUNK:
-                x_tile = x_once
-            elif RAW_MMA:
-                x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
-                                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
-            else:
-                x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                    HAS_OFFSET, HAS_SCALE).to(mma_dtype)
-            c_tile = tl.load(c_mma_ptr + cols[:, None].to(tl.int64) * d + dims[None, :],
-                             mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
-            acc = tl.dot(x_tile, tl.trans(c_tile), acc, input_precision=PRECISION)
-        if CHECK:
-            second_t = tl.minimum(second_t, tl.maximum(best_t, acc))
-        # Strictly better only: an equal score in a later tile keeps the lower index.
-        better = acc < best_t
-        best_t = tl.where(better, acc, best_t)
-        tile_t = tl.where(better, k0, tile_t)
+        if ONE_CHUNK:
+            # No loop over the features: the centroid tile's load is then pipelined across tiles.
+            c_tile = tl.load(c_mma_ptr + cols[:, None].to(tl.int64) * d + dims0[None, :],
+                             mask=col_mask[:, None] & (dims0 < d)[None, :], other=0.0)
+            acc = tl.dot(x_once, tl.trans(c_tile), acc, input_precision=PRECISION)
+        else:
+            for d0 in range(0, d, BLOCK_D):
+                dims = d0 + dims0
+                dim_mask = dims < d
+                if RAW_MMA:
+                    x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                     mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                else:
+                    x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                        HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+                c_tile = tl.load(c_mma_ptr + cols[:, None].to(tl.int64) * d + dims[None, :],
+                                 mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
+                acc = tl.dot(x_tile, tl.trans(c_tile), acc, input_precision=PRECISION)
+        if EAGER:
+            # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
+            m1 = tl.min(acc, axis=1)
+            j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+            if CHECK:
+                rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
+                m2 = tl.min(rest, axis=1)
+                j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+                m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                # Merge the sorted (best, second, third) with the tile's; running entries come from
+                # lower indices, so they win ties (strict comparisons).
+                tile_first = m1 < best
+                tile_second_a = m2 < best  # when the tile holds the new best
+                tile_second_b = m1 < second  # when it does not
+                third = tl.where(tile_first,
+                                 tl.where(tile_second_a, tl.minimum(best, m3), tl.minimum(second, m2)),
+                                 tl.where(tile_second_b, tl.minimum(second, m2), tl.minimum(third, m1)))
+                label2 = tl.where(tile_first, tl.where(tile_second_a, k0 + j2, label),
+                                  tl.where(tile_second_b, k0 + j1, label2))
+                second = tl.where(tile_first, tl.where(tile_second_a, m2, best),
+                                  tl.where(tile_second_b, m1, second))
+            better = m1 < best
+            best = tl.where(better, m1, best)
+            label = tl.where(better, k0 + j1, label)
+        else:
+            # Strictly better only: an equal score in a later tile keeps the lower index.
+            better = acc < best_t
+            best_t = tl.where(better, acc, best_t)
+            tile_t = tl.where(better, k0, tile_t)
 
-    best = tl.min(best_t, axis=1)
-    index_t = tile_t + tile_cols[None, :]
-    label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
+    if not EAGER:
+        best = tl.min(best_t, axis=1)
+        index_t = tile_t + tile_cols[None, :]
+        label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
     done = row_mask
     if CHECK:
-        others = tl.where(index_t == label[:, None], float("inf"), best_t)
-        second = tl.minimum(tl.min(others, axis=1), tl.min(second_t, axis=1))
         row_norm = tl.load(norm_ptr + rows, mask=row_mask, other=0.0)
         c_norm_max = tl.load(c_norm_max_ptr)
-        # Rows whose best two may have swapped under the rounding of the fast products: defer them.
-        # (Scores are in raw-row units, so the bound uses the raw row norm.)
-        flag = row_mask & (second - best <= bound_coef * row_norm * c_norm_max)
+        # Scores are in raw-row units, so the bound uses the raw row norm.
+        bound = bound_coef * row_norm * c_norm_max
+        # The true best is among the best two unless a third score is inside the bound too: settle
+        # those rows below from direct fp32 distances; defer the rest to the re-search.
+        resolve = row_mask & (second - best <= bound)
+        flag = row_mask & (third - best <= bound)
         done = row_mask & (flag == 0)
         n_flag = tl.sum(flag.to(tl.int32), axis=0)
         base = tl.atomic_add(flag_count_ptr, n_flag)
@@ -144,29 +185,64 @@ def _tile(
     else:
         w = tl.full((BLOCK_N,), 1.0, tl.float32)
     w = tl.where(done, w, 0.0)
-    # Epilogue: the exact distance to the winner (and the sums), reading the rows again from cache.
-    label64 = label.to(tl.int64)
+    # Epilogue: the exact distance to the winner (and the sums), reading the rows again from cache,
+    # in narrower chunks than the search (64-bit row pointers of a wide chunk would spill).
+    epi_dims = tl.arange(0, EPI_D)
     sq_dist = tl.zeros((BLOCK_N,), tl.float32)
-    for d0 in range(0, d, BLOCK_D):
-        dims = d0 + dims0
-        dim_mask = dims < d
-        xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                        HAS_OFFSET, HAS_SCALE)
-        cr = tl.load(c32_ptr + label64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
-        diff = xr - cr
-        sq_dist += tl.sum(diff * diff, axis=1)
+    if CHECK:
+        # Direct fp32 distances to both candidates; the second is read only for rows to settle.
+        sq_dist2 = tl.zeros((BLOCK_N,), tl.float32)
+        label2_64 = label2.to(tl.int64)
+        for d0 in range(0, d, EPI_D):
+            dims = d0 + epi_dims
+            dim_mask = dims < d
+            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                            HAS_OFFSET, HAS_SCALE)
+            cr = tl.load(c32_ptr + label.to(tl.int64)[:, None] * d + dims[None, :],
+                         mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+            cr2 = tl.load(c32_ptr + label2_64[:, None] * d + dims[None, :],
+                          mask=resolve[:, None] & dim_mask[None, :], other=0.0)
+            diff = xr - cr
+            diff2 = xr - cr2
+            sq_dist += tl.sum(diff * diff, axis=1)
+            sq_dist2 += tl.sum(diff2 * diff2, axis=1)
+        take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
+        label = tl.where(take2, label2, label)
+        sq_dist = tl.where(take2, sq_dist2, sq_dist)
+        label64 = label.to(tl.int64)
         if UPDATE != 0:
-            accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims, dim_mask,
-                            d0 == 0, k, d, KP, UPDATE)
-    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
-    if STORE_SQ_DIST:
-        tl.store(sq_dist_ptr + rows, sq_dist, mask=row_mask)
-    inertia = tl.sum(tl.where(done, sq_dist * w, 0.0), axis=0)
+            for d0 in range(0, d, EPI_D):
+                dims = d0 + epi_dims
+                dim_mask = dims < d
+                xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                HAS_OFFSET, HAS_SCALE)
+                accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
+                                dim_mask, d0 == 0, k, d, KP, UPDATE)
+    else:
+        label64 = label.to(tl.int64)
+        for d0 in range(0, d, EPI_D):
+            dims = d0 + epi_dims
+            dim_mask = dims < d
+            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                            HAS_OFFSET, HAS_SCALE)
+            cr = tl.load(c32_ptr + label64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
+                         other=0.0)
+            diff = xr - cr
+            sq_dist += tl.sum(diff * diff, axis=1)
+            if UPDATE != 0:
+                accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
+                                dim_mask, d0 == 0, k, d, KP, UPDATE)
+    # prev is read before labels are written, and deferred rows are written only by the re-search,
+    # so labels may overwrite prev_labels in place.
     if HAS_PREV:
-        prev = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
+        prev = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int32)
         changed = tl.sum((done & (prev != label)).to(tl.int64), axis=0)
     else:
         changed = tl.sum(done.to(tl.int64), axis=0)
+    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=done)
+    if STORE_SQ_DIST:
+        tl.store(sq_dist_ptr + rows, sq_dist, mask=done)
+    inertia = tl.sum(tl.where(done, sq_dist * w, 0.0), axis=0)
     return inertia, changed
 
 
@@ -181,7 +257,7 @@ def _assign_kernel(
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -196,7 +272,7 @@ def _assign_kernel(
                          labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                          n, k, d, stride_xn, stride_xd, bound_coef, replica,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK)
+                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D)
             inertia += i
             changed += c
     else:
@@ -205,7 +281,7 @@ def _assign_kernel(
                                  labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                                  n, k, d, stride_xn, stride_xd, bound_coef, replica,
                                  BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                                 STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK)
+                                 STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -244,15 +320,15 @@ def _assign_small_d_kernel(
         w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
     else:
         w = row_mask.to(tl.float32)
-    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
-    if STORE_SQ_DIST:
-        tl.store(sq_dist_ptr + rows, best, mask=row_mask)
-    tl.store(part_inertia_ptr + pid, tl.sum(tl.where(row_mask, best * w, 0.0), axis=0))
-    if HAS_PREV:
+    if HAS_PREV:  # read before labels are written: labels may overwrite prev_labels in place
         prev = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
         tl.store(part_changed_ptr + pid, tl.sum((row_mask & (prev != label)).to(tl.int64), axis=0))
     else:
         tl.store(part_changed_ptr + pid, tl.sum(row_mask.to(tl.int64), axis=0))
+    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
+    if STORE_SQ_DIST:
+        tl.store(sq_dist_ptr + rows, best, mask=row_mask)
+    tl.store(part_inertia_ptr + pid, tl.sum(tl.where(row_mask, best * w, 0.0), axis=0))
     replica = pid % n_replicas
     if UPDATE == 1:
         # Few clusters: reduce the tile per cluster through a one-hot (rows x KP) mask, one vector
@@ -277,7 +353,9 @@ class AssignOutput(NamedTuple):
     ``inertia`` is the sum of ``weight * ||x - c_label||^2`` and ``changed`` the number of rows whose
     label differs from ``prev_labels`` (all rows without it), both as 0-d device tensors, so the
     caller decides when to synchronise. ``rechecked`` is the number of rows the exact mode
-    re-searched (0-d int32 device tensor; zeros for the other modes).
+    re-searched against all centroids (0-d int32 device tensor; zero for the other modes): those
+    with a third candidate inside the rounding bound. Rows with only two candidates inside it are
+    settled in the pass itself.
     """
 
     labels: torch.Tensor
@@ -287,25 +365,37 @@ class AssignOutput(NamedTuple):
     rechecked: torch.Tensor
 
 
-_UNIT_ROUNDOFF = {
-    # Relative error of one operand as the tensor cores see it. tf32 keeps 10 mantissa bits and
-    # may truncate; fp16/bf16 operands are centroids (and centred rows) rounded to nearest.
-    torch.float32: 2.0**-10,
-    torch.float16: 2.0**-11,
-    torch.bfloat16: 2.0**-8,
+_OPERAND_ERROR = {
+    # Relative error of (rows, centroids) as the tensor cores see them. fp32 rows go in raw and the
+    # hardware may truncate them to tf32's 10 mantissa bits; the centroids are rounded to tf32 here.
+    # fp16/bf16 rows are exact operands (products are exact, sums fp32); centroids are rounded to
+    # nearest in that dtype.
+    torch.float32: (2.0**-10, 2.0**-11),
+    torch.float16: (0.0, 2.0**-11),
+    torch.bfloat16: (0.0, 2.0**-8),
 }
 
 
 def gap_bound_coefficient(dtype: torch.dtype, d: int) -> float:
     """``B`` such that the fast pass can misorder two centroids only if their score gap is <= B ||x|| max||c||.
 
-    Each product ``x_i c_i`` carries relative error <= 2u + u^2 (u per operand) and the fp32
+    Each product ``x_i c_i`` carries relative error <= u_x + u_c + u_x u_c and the fp32
     accumulation at most ``d * 2^-24`` of ``sum |x_i c_i| <= ||x|| ||c||``; a score is
     ``||c||^2 - 2 x.c`` and a gap involves two scores: 4 times the product bound. Then a 1.25
     safety factor, as the accumulation order inside the tensor cores is not documented.
     """
-    u = _UNIT_ROUNDOFF[dtype]
-    return 1.25 * 4.0 * (2.0 * u + u * u + d * 2.0**-22)
+    u_x, u_c = _OPERAND_ERROR[dtype]
+    return 1.25 * 4.0 * (u_x + u_c + u_x * u_c + d * 2.0**-22)
+
+
+def round_to_tf32(values: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to tf32 (10 mantissa bits, ties away from zero), still as float32.
+
+    Exactly representable in tf32, they reach the tensor cores unchanged whether the hardware
+    truncates or rounds, so their error is half a tf32 ulp, not a whole one.
+    """
+    bits = values.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32)
 
 
 def _accumulators(sums, counts, k, d):
@@ -355,14 +445,15 @@ def assign(
             with ``row_scale`` (where they are ``1 / row_scale``).
         sample_weight: float32 (n,) weights for the inertia and the sums.
         prev_labels: int32/int64 (n,) labels of the previous pass, for the changed count.
-        labels: optional int32/int64 (n,) output buffer (default: new int64).
+        labels: optional int32/int64 (n,) output buffer (default: new int64); may be ``prev_labels``
+            itself, which is then updated in place.
         sums, counts: float32 (k, d) and (k,) buffers to which the (weighted) rows and weights of
             each cluster are added; both or neither.
         store_sq_dist: whether to return the per-row squared distances.
     """
     if x.dim() != 2 or centroids.dim() != 2 or x.shape[1] != centroids.shape[1]:
         raise ValueError(f"expected x (n, d) and centroids (k, d), got {tuple(x.shape)} and {tuple(centroids.shape)}")
-    if x.dtype not in _UNIT_ROUNDOFF:
+    if x.dtype not in _OPERAND_ERROR:
         raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
     if x.device != centroids.device:
         raise ValueError(f"x is on {x.device} but centroids are on {centroids.device}")
@@ -388,7 +479,7 @@ def assign(
 
     if fast_pass:
         # input_precision only matters for fp32 operands; half operands multiply exactly.
-        c_cast = c32.to(x.dtype)
+        c_cast = round_to_tf32(c32) if x.dtype == torch.float32 else c32.to(x.dtype)
         mma_precision = "tf32" if x.dtype == torch.float32 else "ieee"
         c_cast64 = c_cast.double()
         bias = c_cast64.pow(2).sum(1)
@@ -401,8 +492,13 @@ def assign(
     c_mma = (c_cast * -2).contiguous()
 
     update, n_replicas, acc_sums, acc_counts = _accumulators(sums, counts, k, d)
-    cfg = config or assign_config(n, k, d, x.dtype, precision)
+    cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
+    # The exact mode settles rows from the best two candidates, which the per-row (eager) search keeps.
+    cfg["EAGER"] = bool(cfg.get("EAGER", False) or check)
     main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
+    # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
+    # product's operands) spill registers.
+    epilogue_width = 16 if update == UPDATE_ONEHOT else 32
     recheck_grid = num_persistent_programs(device) if check else 0
     part_inertia = torch.zeros(main_grid + recheck_grid, dtype=torch.float32, device=device)
     part_changed = torch.zeros(main_grid + recheck_grid, dtype=torch.int64, device=device)
@@ -433,16 +529,16 @@ def assign(
             x, c_mma, bias, row_index_ptr=flag_rows, row_count_ptr=flag_count, part_base=0,
             bound_coef=gap_bound_coefficient(x.dtype, d) if check else 0.0,
             HAS_ROW_INDEX=False, CHECK=check, RAW_MMA=fast_pass, PRECISION=mma_precision,
-            ONE_CHUNK=cfg["BLOCK_D"] >= d, **cfg, **common,
+            ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
         )
     if check and main_grid:
         # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
         c_exact = (c32 * -2).contiguous()
-        recheck_cfg = assign_config(n, k, d, torch.float32, "tf32x3")
+        recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3")}
         launcher(_assign_kernel)[(recheck_grid,)](
             x, c_exact, c32.double().pow(2).sum(1).float(), row_index_ptr=flag_rows, row_count_ptr=flag_count,
             part_base=main_grid, bound_coef=0.0, HAS_ROW_INDEX=True, CHECK=False, RAW_MMA=False, PRECISION="tf32x3",
-            ONE_CHUNK=recheck_cfg["BLOCK_D"] >= d, **recheck_cfg, **common,
+            ONE_CHUNK=recheck_cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, recheck_cfg["BLOCK_D"]), **recheck_cfg, **common,
         )
     if n_replicas > 1:
         sums += acc_sums.sum(0)
@@ -484,15 +580,15 @@ def _assign_small_d(x, c32, offset32, row_scale, sample_weight, prev_labels, lab
     return AssignOutput(labels, sq_dist, part_inertia.sum(), part_changed.sum(), zero)
 
 
-def assign_reference(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def assign_reference(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure-torch reference of the search: float64 scores of the same inputs (small sizes only).
 
-    Returns ``(labels, best, second)`` where ``best``/``second`` are the two lowest scores
-    ``||c||^2 - 2 x.c`` (``second`` is +inf when k = 1), and labels break ties to the lowest index.
+    Returns ``(labels, top3)``: labels break ties to the lowest index, and ``top3`` (n, 3) holds the
+    three lowest scores ``||c||^2 - 2 x.c`` in order (+inf where k < 3).
     """
     c = centroids.double()
     scores = c.pow(2).sum(1)[None, :] - 2.0 * x.double() @ c.T
-    top = torch.topk(scores, min(2, scores.shape[1]), dim=1, largest=False, sorted=True)
     labels = scores.argmin(1)
-    second = top.values[:, 1] if scores.shape[1] > 1 else torch.full_like(top.values[:, 0], float("inf"))
-    return labels, top.values[:, 0], second
+    top = torch.topk(scores, min(3, scores.shape[1]), dim=1, largest=False, sorted=True).values
+    pad = torch.full((scores.shape[0], 3 - top.shape[1]), float("inf"), dtype=top.dtype)
+    return labels, torch.cat([top, pad], dim=1)

@@ -1,7 +1,7 @@
 """Launch configurations of the kernels: one table, chosen from the problem's shape and dtype.
 
 The table was set from sweeps on an H200 (benchmarks/bench_lloyd.py --sweep); ``TORCHKM_ASSIGN_CONFIG``
-(``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages``) overrides it for experiments.
+(``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER]``) overrides it for experiments.
 """
 
 from __future__ import annotations
@@ -14,40 +14,49 @@ import triton
 __all__ = ["assign_config", "num_persistent_programs", "small_d_block_n", "update_config"]
 
 
-def _override() -> dict | None:
+def _override(precision: str) -> dict | None:
     spec = os.environ.get("TORCHKM_ASSIGN_CONFIG")
-    if not spec:
+    if not spec or precision == "tf32x3":  # the exact mode's re-search keeps its own table
         return None
-    bn, bk, bd, warps, stages = (int(v) for v in spec.split(","))
-    return {"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_D": bd, "num_warps": warps, "num_stages": stages}
+    bn, bk, bd, warps, stages, *eager = (int(v) for v in spec.split(","))
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_D": bd, "num_warps": warps, "num_stages": stages,
+            "EAGER": bool(eager and eager[0])}
+
+
+def _config(bn: int, bk: int, bd: int, warps: int, stages: int, eager: bool) -> dict:
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_D": bd, "num_warps": warps, "num_stages": stages, "EAGER": eager}
 
 
 def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str) -> dict:
-    """Tile sizes for the fused assignment kernel.
+    """Tile sizes for the fused assignment kernel (``EAGER``: reduce each centroid tile per row at once).
 
     A row tile is loaded once for all centroid tiles when the padded row fits one chunk (d <= 128
-    for 4-byte operands, 256 for 2-byte ones); otherwise the features are streamed in chunks.
+    for 4-byte operands, 256 for 2-byte ones); otherwise the features are streamed in chunks. The
+    exact mode always reduces eagerly (it keeps the best two candidates with their indices). From the
+    H200 sweep of 2026-11-21 (only configs without register spills under ptxas were tried).
     """
-    override = _override()
+    override = _override(precision)
     if override is not None:
         return override
-    operand_bytes = 4 if (dtype == torch.float32 or precision in ("tf32x3", "ieee")) else 2
-    if precision == "tf32x3":
-        # Re-checks: three products per tile (hi/lo splits held in shared memory); small tiles.
-        d_pad = max(16, triton.next_power_of_2(d))
-        block_d = d_pad if d_pad <= 128 else 32
-        return {"BLOCK_N": 64, "BLOCK_K": min(64, max(16, triton.next_power_of_2(k))), "BLOCK_D": block_d,
-                "num_warps": 4, "num_stages": 2}
     d_pad = max(16, triton.next_power_of_2(d))
+    k_tile = min(128, max(16, triton.next_power_of_2(k)))
+    if precision == "tf32x3":
+        # Re-search of the deferred rows: three products per tile, so features are streamed.
+        if d_pad <= 32:
+            return _config(64, min(64, k_tile), d_pad, 4, 2, False)
+        return _config(128, k_tile, 32, 8, 4, True)
+    operand_bytes = 4 if (dtype == torch.float32 or precision == "ieee") else 2
+    exact = precision == "exact"
     one_chunk = 128 if operand_bytes == 4 else 256
-    k_pad = max(16, triton.next_power_of_2(k))
-    if d_pad > one_chunk:
-        # Streamed features: a deeper pipeline over the feature chunks (H200 sweep, d=256/768).
-        block_d = 32 if operand_bytes == 4 else 64
-        return {"BLOCK_N": 128, "BLOCK_K": min(64, k_pad), "BLOCK_D": block_d, "num_warps": 4, "num_stages": 3}
     if operand_bytes == 4:
-        return {"BLOCK_N": 128, "BLOCK_K": min(128, k_pad), "BLOCK_D": d_pad, "num_warps": 8, "num_stages": 2}
-    return {"BLOCK_N": 64, "BLOCK_K": min(64, k_pad), "BLOCK_D": d_pad, "num_warps": 4, "num_stages": 2}
+        if d_pad <= one_chunk:
+            return _config(128, k_tile, d_pad, 8, 2, exact)
+        return _config(128, k_tile, 64, 8, 3, True) if exact else _config(128, k_tile, 32, 8, 4, True)
+    if d_pad <= 128:
+        return _config(128, min(64, k_tile), d_pad, 8, 2, True) if exact else _config(64, min(64, k_tile), d_pad, 4, 2, False)
+    if d_pad <= one_chunk and not exact:
+        return _config(64, min(64, k_tile), d_pad, 4, 2, False)
+    return _config(128, k_tile, 64, 8, 3, True)
 
 
 def update_config(d: int) -> dict:

@@ -34,13 +34,14 @@ def _check_labels(x, c, labels, precision):
         assert_labels_match_except_near_ties(xs, cs, labels.cpu().numpy(), expected)
 
 
+@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("d", [1, 3, 17, 129])
 @pytest.mark.parametrize("k", [1, 7, 1000])
-def test_assign_matches_float64_on_odd_shapes(d, k, precision):
+def test_assign_matches_float64_on_odd_shapes(d, k, precision, eager):
     n = 97  # not a multiple of any block
     x, c = _data(n, d, k, seed=d * 10_000 + k)
-    out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=SMALL_TILES)
+    out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config={**SMALL_TILES, "EAGER": eager})
     _check_labels(x, c, out.labels, precision)
     direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
@@ -70,15 +71,19 @@ def test_fused_update_matches_reference(k, d):
 
 
 def test_exact_mode_rechecks_the_rows_inside_the_bound():
-    """Rows whose best-two gap is inside the bound are re-searched; the others are not."""
-    n, d, k = 256, 12, 64  # d > 8: the tensor-core kernel (small d computes exact differences)
+    """Rows with a third candidate inside the bound are re-searched; rows with two are settled in the
+    pass (and still get the float64 labels); the others are neither."""
+    n, d, k = 512, 12, 64  # d > 8: the tensor-core kernel (small d computes exact differences)
     x, c = _data(n, d, k, seed=3)
     out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), config=SMALL_TILES)
-    _, best, second = assign_reference(x.cpu(), c.cpu())
+    _, top3 = assign_reference(x.cpu(), c.cpu())
     bound = gap_bound_coefficient(torch.float32, d) * x.norm(dim=1).cpu().double() * c.norm(dim=1).max().cpu().double()
-    gap = second - best
-    assert int((gap <= 0.99 * bound).sum()) <= int(out.rechecked) <= int((gap <= 1.01 * bound).sum())
+    third_gap = top3[:, 2] - top3[:, 0]
+    assert int((third_gap <= 0.99 * bound).sum()) <= int(out.rechecked) <= int((third_gap <= 1.01 * bound).sum())
     assert int(out.rechecked) > 0
+    settled = (top3[:, 1] - top3[:, 0] <= 0.99 * bound) & (third_gap > 1.01 * bound)
+    assert int(settled.sum()) > 0
+    _check_labels(x, c, out.labels, "exact")
 
 
 def test_cosine_rows_are_scaled_as_they_are_read():
@@ -98,9 +103,12 @@ def test_ties_break_to_the_lowest_index_across_tiles():
     # Centroid 2 reappears at 20 and 37 (other centroid tiles of 16): ties must keep index 2.
     c = torch.randn(40, d, generator=torch.Generator().manual_seed(8)).to(DEVICE) * 50
     c[2] = c[20] = c[37] = x[0]
+    # Two copies only: the exact mode settles this row from its best two, which tie exactly.
+    c[5] = c[30] = x[1]
     for precision in PRECISIONS:
         out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=SMALL_TILES)
         assert int(out.labels[0]) == 2
+        assert int(out.labels[1]) == 5
         assert torch.equal(out.labels.cpu(), assign_reference(x.cpu(), c.cpu())[0]) or precision == "fast"
 
 
