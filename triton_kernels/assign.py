@@ -22,7 +22,8 @@ Precision (``precision=``):
                direct fp32 distances to both candidates; a row with a third score inside the bound
                too is re-searched with 3xTF32 products against all centroids (a second, persistent
                launch over just those rows). Labels then equal those of an fp32 computation up to
-               ties within fp32 rounding.
+               ties within fp32 rounding. For bf16 rows the centroids enter as two bf16 parts
+               (two products per tile), which leaves few rows inside the bound.
   ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
 transformed copy of x ever exists.
@@ -54,7 +55,7 @@ PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 
 @triton.jit
 def _tile(
-    t, x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
+    t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
     row_index_ptr, row_count,
     labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, replica,
@@ -62,7 +63,7 @@ def _tile(
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
 ):
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_INDEX:
@@ -114,9 +115,13 @@ def _tile(
             acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
         if ONE_CHUNK:
             # No loop over the features: the centroid tile's load is then pipelined across tiles.
-            c_tile = tl.load(c_mma_ptr + cols[:, None].to(tl.int64) * d + dims0[None, :],
-                             mask=col_mask[:, None] & (dims0 < d)[None, :], other=0.0)
-            acc = tl.dot(x_once, tl.trans(c_tile), acc, input_precision=PRECISION)
+            c_offs = cols[:, None].to(tl.int64) * d + dims0[None, :]
+            c_mask = col_mask[:, None] & (dims0 < d)[None, :]
+            acc = tl.dot(x_once, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                         input_precision=PRECISION)
+            if SPLIT:
+                acc = tl.dot(x_once, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                             input_precision=PRECISION)
         else:
             for d0 in range(0, d, BLOCK_D):
                 dims = d0 + dims0
@@ -127,9 +132,13 @@ def _tile(
                 else:
                     x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
                                         HAS_OFFSET, HAS_SCALE).to(mma_dtype)
-                c_tile = tl.load(c_mma_ptr + cols[:, None].to(tl.int64) * d + dims[None, :],
-                                 mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
-                acc = tl.dot(x_tile, tl.trans(c_tile), acc, input_precision=PRECISION)
+                c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
+                c_mask = col_mask[:, None] & dim_mask[None, :]
+                acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                             input_precision=PRECISION)
+                if SPLIT:
+                    acc = tl.dot(x_tile, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                                 input_precision=PRECISION)
         if EAGER:
             # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
             m1 = tl.min(acc, axis=1)
@@ -248,7 +257,7 @@ def _tile(
 
 @triton.jit
 def _assign_kernel(
-    x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
+    x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
     part_inertia_ptr, part_changed_ptr, part_base,
@@ -257,7 +266,7 @@ def _assign_kernel(
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -267,21 +276,21 @@ def _assign_kernel(
         inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
         changed = tl.sum(tl.zeros((1,), tl.int64), axis=0)
         for t in range(pid, tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
-            i, c = _tile(t, x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+            i, c = _tile(t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_max_ptr, row_index_ptr, row_count,
                          labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                          n, k, d, stride_xn, stride_xd, bound_coef, replica,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D)
+                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
             inertia += i
             changed += c
     else:
-        inertia, changed = _tile(pid, x_ptr, c_mma_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+        inertia, changed = _tile(pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                                  c_norm_max_ptr, row_index_ptr, 0,
                                  labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                                  n, k, d, stride_xn, stride_xd, bound_coef, replica,
                                  BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                                 STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D)
+                                 STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -376,15 +385,19 @@ _OPERAND_ERROR = {
 }
 
 
-def gap_bound_coefficient(dtype: torch.dtype, d: int) -> float:
+def gap_bound_coefficient(dtype: torch.dtype, d: int, split: bool = False) -> float:
     """``B`` such that the fast pass can misorder two centroids only if their score gap is <= B ||x|| max||c||.
 
+    ``split``: bf16 centroids given as two parts (hi + lo), as the exact mode does; they then carry
+    the square of the single rounding error.
     Each product ``x_i c_i`` carries relative error <= u_x + u_c + u_x u_c and the fp32
     accumulation at most ``d * 2^-24`` of ``sum |x_i c_i| <= ||x|| ||c||``; a score is
     ``||c||^2 - 2 x.c`` and a gap involves two scores: 4 times the product bound. Then a 1.25
     safety factor, as the accumulation order inside the tensor cores is not documented.
     """
     u_x, u_c = _OPERAND_ERROR[dtype]
+    if split:
+        u_c = u_c * u_c
     return 1.25 * 4.0 * (u_x + u_c + u_x * u_c + d * 2.0**-22)
 
 
@@ -477,11 +490,19 @@ def assign(
     if d <= SMALL_D:
         return _assign_small_d(x, c32, offset32, row_scale, sample_weight, prev_labels, labels, sq_dist, sums, counts)
 
+    # bf16 rows are exact operands: in the exact mode the centroids go in as two bf16 parts (hi +
+    # lo, 16 bits of mantissa between them), so the pass is near-fp32 accurate and few rows are left
+    # to re-search. (Not for fp16, whose small lo parts would fall into its subnormal range.)
+    split = check and x.dtype == torch.bfloat16
+    c_lo = None
     if fast_pass:
         # input_precision only matters for fp32 operands; half operands multiply exactly.
         c_cast = round_to_tf32(c32) if x.dtype == torch.float32 else c32.to(x.dtype)
         mma_precision = "tf32" if x.dtype == torch.float32 else "ieee"
         c_cast64 = c_cast.double()
+        if split:
+            c_lo = (c32 - c_cast.float()).to(x.dtype)
+            c_cast64 = c_cast64 + c_lo.double()
         bias = c_cast64.pow(2).sum(1)
         if offset32 is not None:
             bias += 2.0 * (c_cast64 @ offset32.double())
@@ -490,6 +511,7 @@ def assign(
         c_cast, mma_precision = c32, precision
         bias = c32.double().pow(2).sum(1).float()
     c_mma = (c_cast * -2).contiguous()
+    c_lo_mma = c_mma if c_lo is None else (c_lo * -2).contiguous()
 
     update, n_replicas, acc_sums, acc_counts = _accumulators(sums, counts, k, d)
     cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
@@ -526,8 +548,8 @@ def assign(
     if main_grid:
         # ONE_CHUNK: the config's BLOCK_D covers all features, so a row tile is loaded once.
         launcher(_assign_kernel)[(main_grid,)](
-            x, c_mma, bias, row_index_ptr=flag_rows, row_count_ptr=flag_count, part_base=0,
-            bound_coef=gap_bound_coefficient(x.dtype, d) if check else 0.0,
+            x, c_mma, c_lo_mma, bias, row_index_ptr=flag_rows, row_count_ptr=flag_count, part_base=0,
+            bound_coef=gap_bound_coefficient(x.dtype, d, split=split) if check else 0.0, SPLIT=split,
             HAS_ROW_INDEX=False, CHECK=check, RAW_MMA=fast_pass, PRECISION=mma_precision,
             ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
         )
@@ -536,7 +558,8 @@ def assign(
         c_exact = (c32 * -2).contiguous()
         recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3")}
         launcher(_assign_kernel)[(recheck_grid,)](
-            x, c_exact, c32.double().pow(2).sum(1).float(), row_index_ptr=flag_rows, row_count_ptr=flag_count,
+            x, c_exact, c_exact, c32.double().pow(2).sum(1).float(), row_index_ptr=flag_rows, row_count_ptr=flag_count,
+            SPLIT=False,
             part_base=main_grid, bound_coef=0.0, HAS_ROW_INDEX=True, CHECK=False, RAW_MMA=False, PRECISION="tf32x3",
             ONE_CHUNK=recheck_cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, recheck_cfg["BLOCK_D"]), **recheck_cfg, **common,
         )

@@ -42,9 +42,9 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str) ->
     k_tile = min(128, max(16, triton.next_power_of_2(k)))
     if precision == "tf32x3":
         # Re-search of the deferred rows: three products per tile, so features are streamed.
-        if d_pad <= 32:
+        if d_pad <= 128:
             return _config(64, min(64, k_tile), d_pad, 4, 2, False)
-        return _config(128, k_tile, 32, 8, 4, True)
+        return _config(128, min(64, k_tile), 32, 8, 3, True)
     operand_bytes = 4 if (dtype == torch.float32 or precision == "ieee") else 2
     exact = precision == "exact"
     one_chunk = 128 if operand_bytes == 4 else 256

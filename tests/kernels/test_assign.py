@@ -167,3 +167,13 @@ def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
     ref_counts = torch.bincount(labels, minlength=k).float()
     assert torch.equal(counts, ref_counts), f"{int((counts != ref_counts).sum())} clusters, total {float(counts.sum())} vs {n}"
     torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x), rtol=1e-4, atol=1e-3)
+
+
+def test_round_to_tf32_is_exact_in_tf32_and_within_half_an_ulp():
+    from torchkm._kernels.assign import round_to_tf32
+
+    values = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * torch.logspace(-20, 20, 10_000)
+    rounded = round_to_tf32(values)
+    assert (rounded.view(torch.int32) & 0x1FFF == 0).all()  # 10 explicit mantissa bits left
+    assert ((rounded - values).abs() <= values.abs() * 2.0**-11).all()
+    assert torch.equal(round_to_tf32(rounded), rounded)
