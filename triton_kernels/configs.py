@@ -42,15 +42,16 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str) ->
     k_tile = min(128, max(16, triton.next_power_of_2(k)))
     if precision == "tf32x3":
         # Re-search of the deferred rows: three products per tile, so features are streamed.
-        if d_pad <= 128:
+        if d_pad <= 32:
             return _config(64, min(64, k_tile), d_pad, 4, 2, False)
-        return _config(128, min(64, k_tile), 32, 8, 3, True)
+        return _config(128, k_tile, 32, 8, 4, True)
     operand_bytes = 4 if (dtype == torch.float32 or precision == "ieee") else 2
     exact = precision == "exact"
     one_chunk = 128 if operand_bytes == 4 else 256
     if operand_bytes == 4:
         if d_pad <= one_chunk:
-            return _config(128, k_tile, d_pad, 8, 2, exact)
+            # Few clusters: the lazy per-column minimum measured slower (one centroid tile only).
+            return _config(128, k_tile, d_pad, 8, 2, exact or k <= 64)
         return _config(128, k_tile, 64, 8, 3, True) if exact else _config(128, k_tile, 32, 8, 4, True)
     if d_pad <= 128:
         return _config(128, min(64, k_tile), d_pad, 8, 2, True) if exact else _config(64, min(64, k_tile), d_pad, 4, 2, False)
