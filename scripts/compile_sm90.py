@@ -5,6 +5,9 @@ register spills show up here before any device time is spent:
 
     .venv/bin/python scripts/compile_sm90.py                 # every variant of the default configs
     .venv/bin/python scripts/compile_sm90.py --sweep SIFT-like:bfloat16:fast 128,128,128,8,2,1 ...
+
+Register counts and spills depend on the Triton version: to see what the device image (Triton 3.6)
+builds, `pip install --no-deps --target /tmp/t36 triton==3.6.0` and run with `PYTHONPATH=/tmp/t36`.
 """
 import argparse
 import os
