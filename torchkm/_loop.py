@@ -253,13 +253,13 @@ def lloyd(
             except RuntimeError as err:  # capture unsupported here: stay with launches from Python
                 logger.debug("CUDA graph capture failed (%s); iterating without it", err)
         if graph is not None:
-            step, old_c, stats = graph.next()
+            step, old_c, device_stats = graph.next()
             new_c = graph.c
         else:
-            step, new_c, stats = _iterate(data, c, prev_labels, sample_weight, deterministic)
+            step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight, deterministic)
             old_c = c
         labels, sums, counts = step.labels, step.sums, step.counts
-        inertia_f, shift_f, changed_f, empty_f = stats.tolist()
+        inertia_f, shift_f, changed_f, empty_f = device_stats.tolist()
         n_empty = int(empty_f)
         if n_empty:
             sq = step.sq_distances if step.sq_distances is not None else _ops.assign(data, old_c)[1]

@@ -88,9 +88,10 @@ def _tile(
         # third-best score.
         best = tl.full((BLOCK_N,), float("inf"), tl.float32)
         label = tl.zeros((BLOCK_N,), tl.int32)
-        second = tl.full((BLOCK_N,), float("inf"), tl.float32)
-        label2 = tl.zeros((BLOCK_N,), tl.int32)
-        third = tl.full((BLOCK_N,), float("inf"), tl.float32)
+        if CHECK:
+            second = tl.full((BLOCK_N,), float("inf"), tl.float32)
+            label2 = tl.zeros((BLOCK_N,), tl.int32)
+            third = tl.full((BLOCK_N,), float("inf"), tl.float32)
     else:
         # Per-column running best score and the k0 of the tile it came from (CHECK needs EAGER).
         best_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
@@ -200,6 +201,8 @@ def _tile(
     sq_dist = tl.zeros((BLOCK_N,), tl.float32)
     if CHECK:
         # Direct fp32 distances to both candidates; the second is read only for rows to settle.
+        # The sums wait for the final labels: a second sweep of the (cached) rows, as fusing them
+        # into this sweep spills registers.
         sq_dist2 = tl.zeros((BLOCK_N,), tl.float32)
         label2_64 = label2.to(tl.int64)
         for d0 in range(0, d, EPI_D):

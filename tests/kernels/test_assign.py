@@ -75,7 +75,9 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound():
     pass (and still get the float64 labels); the others are neither."""
     n, d, k = 512, 12, 64  # d > 8: the tensor-core kernel (small d computes exact differences)
     x, c = _data(n, d, k, seed=3)
-    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), config=SMALL_TILES)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts, config=SMALL_TILES)
     _, top3 = assign_reference(x.cpu(), c.cpu())
     bound = gap_bound_coefficient(torch.float32, d) * x.norm(dim=1).cpu().double() * c.norm(dim=1).max().cpu().double()
     third_gap = top3[:, 2] - top3[:, 0]
@@ -84,6 +86,10 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound():
     settled = (top3[:, 1] - top3[:, 0] <= 0.99 * bound) & (third_gap > 1.01 * bound)
     assert int(settled.sum()) > 0
     _check_labels(x, c, out.labels, "exact")
+    # Settled and re-searched rows reach the sums under their final labels, once each.
+    ref_sums, ref_counts = update_reference(x, out.labels, k)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
 
 
 def test_cosine_rows_are_scaled_as_they_are_read():
