@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-TY = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
+TY = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
 seen = set()
 
 
@@ -74,10 +74,11 @@ class Compiler:
               + " ".join(f"{a}={b}" for a, b in consts.items() if a in shown or fn.__name__ != "_assign_kernel"), flush=True)
 common.launcher = lambda fn: Compiler(fn)
 import torchkm._kernels.assign as A
+import torchkm._kernels.centroids as C
 import torchkm._kernels.distances as D
 import torchkm._kernels.update as U
 
-A.launcher = U.launcher = D.launcher = common.launcher
+A.launcher = U.launcher = D.launcher = C.launcher = common.launcher
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
@@ -118,6 +119,16 @@ def main():
         U.update(xx, torch.zeros(2, dtype=torch.int64), 5)
         U.update(xx, torch.zeros(2, dtype=torch.int64), 5, deterministic=True)
     D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))
+    for normalize in (False, True):
+        c = torch.randn(7, 33)
+        C.finish_update(torch.zeros(2, 7, 33), torch.zeros(2, 7), c, torch.zeros(3), torch.zeros(3, dtype=torch.int64),
+                        torch.zeros(4, dtype=torch.float64), normalize=normalize, old_centroids=c.clone(),
+                        sums=c.clone(), counts=torch.zeros(7), control=torch.zeros(2, dtype=torch.int32))
+    for x_dtype in (torch.float32, torch.bfloat16):
+        C.prepare_centroids(torch.randn(7, 33), torch.zeros(33), x_dtype, fast=True, split=x_dtype != torch.float32,
+                            exact=True, zero=(torch.zeros(3), torch.zeros(2, dtype=torch.int32)),
+                            control=torch.zeros(2, dtype=torch.int32), stats_prev=torch.zeros(4, dtype=torch.float64),
+                            iteration=1, tol=0.0)
 
 
 if __name__ == "__main__":

@@ -112,3 +112,38 @@ def test_precision_and_deterministic_arguments_are_checked():
         torchkm.assign(x, x[:2], precision="half")
     with pytest.raises(ValueError, match="precision"):
         torchkm.KMeans(2, precision="bf16")
+
+
+@pytest.mark.parametrize("case", ["strict", "tol", "max_iter", "empty"])
+def test_blocks_of_iterations_stop_where_single_iterations_do(monkeypatch, case):
+    """Iterations run in blocks (as CUDA graphs replay them) freeze on the device at the iteration
+    where the host stops or must relocate an empty cluster: the same run as one at a time."""
+    from torchkm import _loop
+
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(blobs(rng, 300, 5, 4, offset=3.0)).to(DEVICE)
+    kw = {"random_state": 3, "init": "random", "max_iter": 20, "tol": 0.0}
+    if case == "tol":
+        kw["tol"] = 1e-3
+    if case == "max_iter":
+        kw["max_iter"] = 4
+    k = 4
+    if case == "empty":
+        # Duplicated initial centroids: one of each pair gets no rows and is relocated mid-block.
+        init = x[:3].repeat(2, 1)[:5]
+        kw = {"init": init, "max_iter": 20, "tol": 0.0}
+        k = 5
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k: False)
+    one = torchkm.fit(x, k, **kw)
+    monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k: True)
+    monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)  # the strict and tol cases then stop mid-block
+    blocks = torchkm.fit(x, k, **kw)
+    assert blocks.n_iter == one.n_iter
+    assert [(h.labels_changed, h.empty_clusters) for h in blocks.history] == [
+        (h.labels_changed, h.empty_clusters) for h in one.history]
+    if case == "empty":
+        assert any(h.empty_clusters for h in one.history)
+    assert torch.equal(blocks.labels, one.labels)
+    torch.testing.assert_close(blocks.centroids, one.centroids, rtol=1e-5, atol=1e-5)
+    assert blocks.converged == one.converged

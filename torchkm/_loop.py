@@ -155,67 +155,30 @@ def _iterate(
     c: torch.Tensor,
     prev_labels: torch.Tensor | None,
     sample_weight: torch.Tensor | None,
-    deterministic: bool,
-    labels_out: torch.Tensor | None = None,
 ) -> tuple[_ops.StepResult, torch.Tensor, torch.Tensor]:
-    """One Lloyd iteration with no host synchronisation: the step, the new centroids (empty
-    clusters keep theirs) and the statistics ``[inertia, shift, changed, empty]`` (float64, device)."""
-    step = _ops.lloyd_step(data, c, prev_labels, sample_weight, deterministic, labels_out)
+    """One Lloyd iteration outside the kernels' engine (pure torch, or deterministic), with no host
+    synchronisation: the step, the new centroids (empty clusters keep theirs) and the statistics
+    ``[inertia, shift, changed, empty]`` (float64, device)."""
+    step = _ops.lloyd_step(data, c, prev_labels, sample_weight)
     new_c = new_centroids(step.sums, step.counts, c, data.normalize)
     shift = ((new_c - c) ** 2).sum()
     stats = torch.stack([step.inertia.double(), shift.double(), step.changed.double(), (step.counts <= 0).sum().double()])
     return step, new_c, stats
 
 
-# Iterations whose passes do at most about this much work (n * k * d) are replayed as CUDA graphs:
-# below it, launching some 40 small kernels from Python costs more than the pass itself.
+# Iterations whose passes do at most about this much work (n * k * d) are replayed as CUDA graphs,
+# in blocks of _GRAPH_BLOCK: below it, launches and the per-iteration host sync cost more than the
+# pass itself.
 _GRAPH_MAX_WORK = 1 << 37
+_GRAPH_BLOCK = 8
 
 
-def _use_cuda_graph(data: DataView, k: int, deterministic: bool) -> bool:
-    if deterministic or data.device.type != "cuda" or not _ops.uses_kernels(data):
+def _use_cuda_graphs(data: DataView, k: int) -> bool:
+    if data.device.type != "cuda" or os.environ.get("TORCHKM_CUDA_GRAPHS", "1") == "0":
         return False
-    if os.environ.get("TORCHKM_CUDA_GRAPHS", "1") == "0" or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         return False
     return data.n_samples * max(k, 32) * data.n_features <= _GRAPH_MAX_WORK
-
-
-class _CapturedIteration:
-    """Lloyd iterations replayed as one CUDA graph instead of some 40 launches from Python.
-
-    The labels are updated in place (the kernels read a row's previous label before writing its
-    new one) and the graph ends by moving the new centroids into its own input buffer, so replays
-    follow one another with no copies. Built by running one real iteration on a side stream (which
-    compiles the kernels and warms the allocator; its results are ``first``), then capturing the
-    same calls.
-    """
-
-    def __init__(self, data: DataView, c: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor | None):
-        self.c = c.clone()
-        self.labels = labels.clone()
-        device = data.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.device(device), torch.cuda.stream(side):
-            self.first = self._body(data, sample_weight)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(device), torch.cuda.graph(self.graph):
-            self.out = self._body(data, sample_weight)
-
-    def _body(self, data, sample_weight):
-        step, new_c, stats = _iterate(data, self.c, self.labels, sample_weight, False, labels_out=self.labels)
-        old_c = self.c.clone()
-        self.c.copy_(new_c)
-        return step, old_c, stats
-
-    def next(self) -> tuple[_ops.StepResult, torch.Tensor, torch.Tensor]:
-        """The step, the old centroids and the statistics of the next iteration (new centroids: ``c``)."""
-        if self.first is not None:
-            out, self.first = self.first, None
-            return out
-        self.graph.replay()
-        return self.out
 
 
 def lloyd(
@@ -232,9 +195,11 @@ def lloyd(
 
     Converges when no label changes (strict) or the total squared centroid shift is at most ``tol``
     (already scaled to the data), or after ``max_iter`` iterations; then assigns once more so the
-    labels returned match the centroids returned. Each iteration synchronises with the device once,
-    to read its statistics (a second time only when a cluster went empty). Small problems on the
-    kernels replay the iteration as a CUDA graph from the second iteration on.
+    labels returned match the centroids returned. On the kernels an iteration is four launches;
+    small problems replay blocks of iterations as a CUDA graph and synchronise once per block (the
+    device freezes the rest of a block once a stopping rule fires, so the state read back is that
+    of the stopping iteration). Elsewhere each iteration synchronises once to read its statistics;
+    a second time only when a cluster went empty.
     """
     c = centroids.to(data.dtype).clone()
     prev_labels: torch.Tensor | None = None
@@ -242,50 +207,67 @@ def lloyd(
     strict = converged = False
     labels: torch.Tensor | None = None
     inertia_f = float("nan")
-    graph: _CapturedIteration | None = None
-    try_graph = _use_cuda_graph(data, c.shape[0], deterministic)
-    for it in range(max_iter):
+    engine = None
+    if _ops.uses_kernels(data) and not deterministic:
+        graphs = _use_cuda_graphs(data, c.shape[0])
+        # One int32 label buffer updated in place (the kernels read a row's previous label before
+        # writing it): half the label traffic of int64, which matters when rows are short.
+        label_buffer = torch.empty(data.n_samples, dtype=torch.int32, device=data.device)
+        engine = _ops.lloyd_engine(data, c, label_buffer, sample_weight, tol, _GRAPH_BLOCK if graphs else 1, graphs)
+    it = 0
+    while it < max_iter:
         t0 = time.perf_counter()
-        if try_graph and prev_labels is not None:
-            try_graph = False
-            try:
-                graph = _CapturedIteration(data, c, prev_labels, sample_weight)
-            except RuntimeError as err:  # capture unsupported here: stay with launches from Python
-                logger.debug("CUDA graph capture failed (%s); iterating without it", err)
-        if graph is not None:
-            step, old_c, device_stats = graph.next()
-            new_c = graph.c
+        if engine is not None:
+            if it == 0 or engine.block == 1:
+                engine.iterate(has_prev=it > 0)
+                rows = engine.read(1)
+            else:
+                block = min(engine.block, max_iter - it)
+                engine.run_block(block)
+                rows = engine.read(block)
         else:
-            step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight, deterministic)
-            old_c = c
-        labels, sums, counts = step.labels, step.sums, step.counts
-        inertia_f, shift_f, changed_f, empty_f = device_stats.tolist()
-        n_empty = int(empty_f)
-        if n_empty:
-            sq = step.sq_distances if step.sq_distances is not None else _ops.assign(data, old_c)[1]
-            _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight)
-            relocated = new_centroids(sums, counts, old_c, data.normalize)
-            shift_f = float(((relocated - old_c) ** 2).sum())
-            new_c = new_c.copy_(relocated) if graph is not None else relocated
-        if data.normalize:
-            inertia_f *= 0.5
-        c = new_c
-        stats = IterationStats(it + 1, inertia_f, shift_f, int(changed_f), n_empty, time.perf_counter() - t0)
-        history.append(stats)
-        if on_iteration is not None:
-            on_iteration(stats)
-        if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:
-            # The centroids are the means of unchanged clusters, so the labels and inertia stand.
-            strict = converged = True
+            step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight)
+            rows = [device_stats.tolist()]
+        seconds = (time.perf_counter() - t0) / len(rows)
+        for inertia_f, shift_f, changed_f, empty_f in rows:
+            if engine is not None:
+                labels, sums, counts, old_c, new_c = engine.labels, engine.sums, engine.counts, engine.c_old, engine.c
+                sq = None
+            else:
+                labels, sums, counts, old_c, sq = step.labels, step.sums, step.counts, c, step.sq_distances
+            n_empty = int(empty_f)
+            # Where the device froze the rest of a block (see LloydEngine): this row is the last valid one.
+            block_ends = engine is not None and (n_empty > 0 or changed_f == 0 or shift_f <= engine.tol_device)
+            if n_empty:
+                sq = sq if sq is not None else _ops.assign(data, old_c)[1]
+                _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight)
+                relocated = new_centroids(sums, counts, old_c, data.normalize)
+                shift_f = float(((relocated - old_c) ** 2).sum())
+                new_c = new_c.copy_(relocated) if engine is not None else relocated
+            if data.normalize:
+                inertia_f *= 0.5
+            c = new_c
+            it += 1
+            stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds)
+            history.append(stats)
+            if on_iteration is not None:
+                on_iteration(stats)
+            if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:
+                # The centroids are the means of unchanged clusters, so the labels and inertia stand.
+                strict = converged = True
+            elif shift_f <= tol:
+                converged = True
+            prev_labels = labels
+            if converged or block_ends:
+                break
+        if converged:
             break
-        if shift_f <= tol:
-            converged = True
-            break
-        prev_labels = labels
-    if graph is not None:
-        # The graph's buffers are reused by its replays: hand out copies.
-        c, labels = c.clone(), labels.clone()
+    if engine is not None:
+        # The engine's buffers are reused by its replays: hand out copies.
+        c = c.clone()
     if strict:
+        assert labels is not None
+        labels = labels.long()
         inertia = inertia_f
     else:
         labels, sq = _ops.assign(data, c)

@@ -22,7 +22,7 @@ from . import _reference
 from ._reference import DataView
 from ._validation import PRECISIONS, compute_dtype
 
-__all__ = ["PRECISIONS", "StepResult", "assign", "lloyd_step", "query_view", "sq_distances_to", "update", "uses_kernels"]
+__all__ = ["PRECISIONS", "StepResult", "assign", "lloyd_engine", "lloyd_step", "query_view", "sq_distances_to", "update", "uses_kernels"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -72,16 +72,10 @@ def lloyd_step(
     centroids: torch.Tensor,
     prev_labels: torch.Tensor | None,
     sample_weight: torch.Tensor | None,
-    deterministic: bool,
-    labels_out: torch.Tensor | None = None,
 ) -> StepResult:
-    """Assign every row and accumulate per-cluster sums and weights, with no host synchronisation.
-
-    On the kernels, the default is one fused pass (x read once; atomics, so the last bits of the
-    sums vary between runs); ``deterministic=True`` assigns, then sums with the sorted,
-    segmented kernel for bit-identical reruns. The kernels write the labels into ``labels_out``
-    when given (it may be ``prev_labels``: updated in place).
-    """
+    """Assign every row and accumulate per-cluster sums and weights, with no host synchronisation,
+    for the runs that do not use ``lloyd_engine``: the pure-torch engine, and on the kernels the
+    deterministic mode (assign, then the sorted, segmented sums: bit-identical reruns)."""
     k = centroids.shape[0]
     if not uses_kernels(data):
         labels, sq = _reference.assign(data, centroids)
@@ -91,20 +85,27 @@ def lloyd_step(
         return StepResult(labels, sq, sums, counts, inertia, changed)
     from ._kernels.assign import assign as kernel_assign
 
-    inputs = _kernel_inputs(data)
-    if deterministic:
-        out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, labels=labels_out,
-                            **inputs)
-        sums, counts = update(data, out.labels, k, sample_weight, deterministic=True)
-        inertia = _reference.weighted_sum(out.sq_dist, sample_weight)
-        return StepResult(out.labels, out.sq_dist, sums, counts, inertia, out.changed)
-    sums = torch.zeros(k, data.n_features, dtype=torch.float32, device=data.device)
-    counts = torch.zeros(k, dtype=torch.float32, device=data.device)
-    out = kernel_assign(
-        data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, labels=labels_out,
-        sums=sums, counts=counts, store_sq_dist=False, **inputs,
-    )
-    return StepResult(out.labels, None, sums, counts, out.inertia, out.changed)
+    out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, **_kernel_inputs(data))
+    sums, counts = update(data, out.labels, k, sample_weight, deterministic=True)
+    inertia = _reference.weighted_sum(out.sq_dist, sample_weight)
+    return StepResult(out.labels, out.sq_dist, sums, counts, inertia, out.changed)
+
+
+def lloyd_engine(
+    data: DataView,
+    centroids: torch.Tensor,
+    labels: torch.Tensor,
+    sample_weight: torch.Tensor | None,
+    tol: float,
+    block: int,
+    graphs: bool,
+):
+    """The kernels' Lloyd state (``torchkm._kernels.lloyd.LloydEngine``): four launches per iteration,
+    blocks of ``block`` iterations replayed as CUDA graphs when ``graphs``."""
+    from ._kernels.lloyd import LloydEngine
+
+    return LloydEngine(data.x, centroids, labels, sample_weight=sample_weight, normalize=data.normalize, tol=tol,
+                       block=block, graphs=graphs, **_kernel_inputs(data))
 
 
 def update(

@@ -47,7 +47,8 @@ from ._common import (
     onehot_max_k,
     onehot_width,
 )
-from .configs import assign_config, num_persistent_programs, small_d_block_n
+from .centroids import _round_tf32, prepare_centroids
+from .configs import assign_config, num_persistent_programs, small_d_launch
 
 __all__ = ["PRECISIONS", "AssignOutput", "assign", "assign_reference", "gap_bound_coefficient"]
 
@@ -55,7 +56,7 @@ PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 
 @triton.jit
 def _tile(
-    t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
+    t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count,
     labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, replica,
@@ -177,7 +178,11 @@ def _tile(
     done = row_mask
     if CHECK:
         row_norm = tl.load(norm_ptr + rows, mask=row_mask, other=0.0)
-        c_norm_max = tl.load(c_norm_max_ptr)
+        # The largest centroid norm (a few cached loads per tile of rows).
+        c_norms = tl.zeros((BLOCK_K,), tl.float32)
+        for k0 in range(0, k, BLOCK_K):
+            c_norms = tl.maximum(c_norms, tl.load(c_norm_ptr + k0 + tile_cols, mask=k0 + tile_cols < k, other=0.0))
+        c_norm_max = tl.max(c_norms, axis=0)
         # Scores are in raw-row units, so the bound uses the raw row norm.
         bound = bound_coef * row_norm * c_norm_max
         # The true best is among the best two unless a third score is inside the bound too: settle
@@ -260,7 +265,34 @@ def _tile(
 
 @triton.jit
 def _assign_kernel(
-    x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_max_ptr,
+    x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
+    row_index_ptr, row_count_ptr,
+    labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
+    n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
+    HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_CONTROL: tl.constexpr,
+):
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        _assign_programs(x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+                         c_norm_ptr, row_index_ptr, row_count_ptr,
+                         labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                         part_inertia_ptr, part_changed_ptr, part_base,
+                         n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
+                         BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
+                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
+
+
+@triton.jit
+def _assign_programs(
+    x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
     part_inertia_ptr, part_changed_ptr, part_base,
@@ -280,7 +312,7 @@ def _assign_kernel(
         changed = tl.sum(tl.zeros((1,), tl.int64), axis=0)
         for t in range(pid, tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
             i, c = _tile(t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
-                         c_norm_max_ptr, row_index_ptr, row_count,
+                         c_norm_ptr, row_index_ptr, row_count,
                          labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                          n, k, d, stride_xn, stride_xd, bound_coef, replica,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
@@ -289,7 +321,7 @@ def _assign_kernel(
             changed += c
     else:
         inertia, changed = _tile(pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
-                                 c_norm_max_ptr, row_index_ptr, 0,
+                                 c_norm_ptr, row_index_ptr, 0,
                                  labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                                  n, k, d, stride_xn, stride_xd, bound_coef, replica,
                                  BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
@@ -302,61 +334,88 @@ def _assign_kernel(
 def _assign_small_d_kernel(
     x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr,
     labels_ptr, sq_dist_ptr, prev_ptr, sums_ptr, counts_ptr, part_inertia_ptr, part_changed_ptr,
-    n, k, d, stride_xn, stride_xd, n_replicas,
-    BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr,
+    control_ptr, n, k, d, stride_xn, stride_xd, tiles_per_program,
+    BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    STORE_SQ_DIST: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr,
+    STORE_SQ_DIST: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, HAS_CONTROL: tl.constexpr,
 ):
     """d <= 8: one row per thread, a loop over the centroids with the distance taken directly from
-    the difference in fp32 (exact up to fp32 rounding of d terms); tensor cores would pad d to 16."""
-    pid = tl.program_id(0)
-    rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < n
-    dims = tl.arange(0, DP)
-    dim_mask = dims < d
-    if HAS_SCALE:
-        scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
-    else:
-        scale = tl.full((BLOCK_N,), 1.0, tl.float32)
-    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
-    best = tl.full((BLOCK_N,), float("inf"), tl.float32)
-    label = tl.zeros((BLOCK_N,), tl.int32)
-    for j in range(k):
-        cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
-        diff = xr - cj[None, :]
-        dist = tl.sum(diff * diff, axis=1)
-        better = dist < best  # strict: ties keep the lower index
-        best = tl.where(better, dist, best)
-        label = tl.where(better, j, label)
-    if HAS_WEIGHT:
-        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
-    else:
-        w = row_mask.to(tl.float32)
-    if HAS_PREV:  # read before labels are written: labels may overwrite prev_labels in place
-        prev = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
-        tl.store(part_changed_ptr + pid, tl.sum((row_mask & (prev != label)).to(tl.int64), axis=0))
-    else:
-        tl.store(part_changed_ptr + pid, tl.sum(row_mask.to(tl.int64), axis=0))
-    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
-    if STORE_SQ_DIST:
-        tl.store(sq_dist_ptr + rows, best, mask=row_mask)
-    tl.store(part_inertia_ptr + pid, tl.sum(tl.where(row_mask, best * w, 0.0), axis=0))
-    replica = pid % n_replicas
-    if UPDATE == 1:
-        # Few clusters: reduce the tile per cluster through a one-hot (rows x KP) mask, one vector
-        # reduction per feature, then one atomic per (cluster, feature) on this program's replica.
-        k_cols = tl.arange(0, KP)
-        onehot = tl.where(label[:, None] == k_cols[None, :], w[:, None], 0.0)
-        base = replica * k
-        tl.atomic_add(counts_ptr + base + k_cols, tl.sum(onehot, axis=0), mask=k_cols < k)
-        for i in tl.static_range(DP):
-            if i < d:
-                col = tl.sum(tl.where(dims[None, :] == i, xr, 0.0), axis=1)
-                tl.atomic_add(sums_ptr + (base + k_cols) * d + i, tl.sum(onehot * col[:, None], axis=0), mask=k_cols < k)
-    if UPDATE == 2:
-        label64 = label.to(tl.int64)
-        tl.atomic_add(sums_ptr + label64[:, None] * d + dims[None, :], xr * w[:, None], mask=row_mask[:, None] & dim_mask[None, :])
-        tl.atomic_add(counts_ptr + label64, w, mask=row_mask)
+    the difference in fp32 (exact up to fp32 rounding of d terms); tensor cores would pad d to 16.
+
+    Each program walks ``tiles_per_program`` consecutive row tiles and keeps its statistics and (few
+    clusters) its per-cluster sums in registers, so a pass issues one set of atomics per program, not
+    per tile. The sums of a tile are a one-hot product on the tensor cores: the columns hold each
+    weighted feature and the weight, split exactly into three tf32 parts, so the products are exact
+    and only the fp32 accumulation rounds.
+    """
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        pid = tl.program_id(0)
+        dims = tl.arange(0, DP)
+        dim_mask = dims < d
+        inertia_rows = tl.zeros((BLOCK_N,), tl.float32)
+        changed_rows = tl.zeros((BLOCK_N,), tl.int32)
+        if UPDATE == 1:
+            k_cols = tl.arange(0, KP)
+            cols = tl.arange(0, NC)
+            feature = cols % (d + 1)  # feature d is the weight
+            part = cols // (d + 1)
+            acc = tl.zeros((KP, NC), tl.float32)
+        first_row = pid.to(tl.int64) * tiles_per_program * BLOCK_N  # 64-bit: n * stride can pass 2^31
+        for t in range(tiles_per_program):
+            rows = first_row + t * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_mask = rows < n
+            if HAS_SCALE:
+                scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
+            else:
+                scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                           HAS_OFFSET, HAS_SCALE)
+            best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+            label = tl.zeros((BLOCK_N,), tl.int32)
+            for j in range(k):
+                cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
+                diff = xr - cj[None, :]
+                dist = tl.sum(diff * diff, axis=1)
+                better = dist < best  # strict: ties keep the lower index
+                best = tl.where(better, dist, best)
+                label = tl.where(better, j, label)
+            if HAS_WEIGHT:
+                w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
+            else:
+                w = row_mask.to(tl.float32)
+            if HAS_PREV:  # read before labels are written: labels may overwrite prev_labels in place
+                prev = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
+                changed_rows += (row_mask & (prev != label)).to(tl.int32)
+            else:
+                changed_rows += row_mask.to(tl.int32)
+            tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
+            if STORE_SQ_DIST:
+                tl.store(sq_dist_ptr + rows, best, mask=row_mask)
+            inertia_rows += tl.where(row_mask, best * w, 0.0)
+            if UPDATE == 1:
+                onehot = (label[:, None] == k_cols[None, :]).to(tl.float32)
+                v = load_rows(x_ptr, rows, row_mask, feature, feature < d, stride_xn, stride_xd, offset_ptr, scale,
+                              HAS_OFFSET, HAS_SCALE)
+                v = tl.where(feature[None, :] == d, w[:, None], v * w[:, None])
+                hi = _round_tf32(v)
+                mid = _round_tf32(v - hi)
+                lo = v - hi - mid
+                v = tl.where(part[None, :] == 0, hi, tl.where(part[None, :] == 1, mid, tl.where(part[None, :] == 2, lo, 0.0)))
+                acc = tl.dot(tl.trans(onehot), v, acc, input_precision="tf32")
+            if UPDATE == 2:
+                label64 = label.to(tl.int64)
+                tl.atomic_add(sums_ptr + label64[:, None] * d + dims[None, :], xr * w[:, None],
+                              mask=row_mask[:, None] & dim_mask[None, :])
+                tl.atomic_add(counts_ptr + label64, w, mask=row_mask)
+        tl.store(part_changed_ptr + pid, tl.sum(changed_rows.to(tl.int64), axis=0))
+        tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
+        if UPDATE == 1:
+            live = (k_cols < k)[:, None] & (part < 3)[None, :]
+            tl.atomic_add(sums_ptr + k_cols[:, None] * d + feature[None, :], acc, mask=live & (feature < d)[None, :])
+            tl.atomic_add(counts_ptr + k_cols[:, None] + feature[None, :] * 0, acc, mask=live & (feature == d)[None, :])
 
 
 class AssignOutput(NamedTuple):
@@ -414,22 +473,6 @@ def round_to_tf32(values: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x1000) & -0x2000).view(torch.float32)
 
 
-def _accumulators(sums, counts, k, d):
-    """The update mode, and the buffers the kernel adds into: for few clusters, replicas of
-    ``sums``/``counts`` (summed back by the caller), so that the programs' atomics do not queue on
-    the same few cache lines."""
-    if sums is None:
-        return UPDATE_NONE, 1, None, None
-    if k > onehot_max_k(d):
-        return UPDATE_ATOMIC, 1, sums, counts
-    n_replicas = min(128, max(1, (1 << 14) // (k * d)))
-    if n_replicas == 1:
-        return UPDATE_ONEHOT, 1, sums, counts
-    acc_sums = torch.zeros(n_replicas, k, d, dtype=torch.float32, device=sums.device)
-    acc_counts = torch.zeros(n_replicas, k, dtype=torch.float32, device=sums.device)
-    return UPDATE_ONEHOT, n_replicas, acc_sums, acc_counts
-
-
 def assign(
     x: torch.Tensor,
     centroids: torch.Tensor,
@@ -477,7 +520,7 @@ def assign(
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if (sums is None) != (counts is None):
         raise ValueError("pass both sums and counts, or neither")
-    n, d = x.shape
+    n = x.shape[0]
     k = centroids.shape[0]
     if k == 0:
         raise ValueError("need at least one centroid")
@@ -490,120 +533,151 @@ def assign(
     labels = torch.empty(n, dtype=torch.int64, device=device) if labels is None else labels
     sq_dist = torch.empty(n, dtype=torch.float32, device=device) if store_sq_dist else None
     offset32 = None if offset is None else offset.to(torch.float32).contiguous()
-    if d <= SMALL_D:
-        return _assign_small_d(x, c32, offset32, row_scale, sample_weight, prev_labels, labels, sq_dist, sums, counts)
+    run = AssignPass(x, k, precision, update=sums is not None, config=config)
+    run(x, c32, offset=offset32, row_scale=row_scale, raw_norms=raw_norms, sample_weight=sample_weight,
+        prev_labels=prev_labels, labels=labels, sq_dist=sq_dist)
+    if sums is not None:
+        sums += run.acc_sums.sum(0)
+        counts += run.acc_counts.sum(0)
+    return AssignOutput(labels, sq_dist, run.part_inertia.sum(), run.part_changed.sum(), run.flag_count[0])
 
-    # bf16 rows are exact operands: in the exact mode the centroids go in as two bf16 parts (hi +
-    # lo, 16 bits of mantissa between them), so the pass is near-fp32 accurate and few rows are left
-    # to re-search. (Not for fp16, whose small lo parts would fall into its subnormal range.)
-    split = check and x.dtype == torch.bfloat16
-    c_lo = None
-    if fast_pass:
-        # input_precision only matters for fp32 operands; half operands multiply exactly.
-        c_cast = round_to_tf32(c32) if x.dtype == torch.float32 else c32.to(x.dtype)
-        mma_precision = "tf32" if x.dtype == torch.float32 else "ieee"
-        c_cast64 = c_cast.double()
-        if split:
-            c_lo = (c32 - c_cast.float()).to(x.dtype)
-            c_cast64 = c_cast64 + c_lo.double()
-        bias = c_cast64.pow(2).sum(1)
-        if offset32 is not None:
-            bias += 2.0 * (c_cast64 @ offset32.double())
-        bias = bias.float()
-    else:
-        c_cast, mma_precision = c32, precision
-        bias = c32.double().pow(2).sum(1).float()
-    c_mma = (c_cast * -2).contiguous()
-    c_lo_mma = c_mma if c_lo is None else (c_lo * -2).contiguous()
 
-    update, n_replicas, acc_sums, acc_counts = _accumulators(sums, counts, k, d)
-    cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
-    # The exact mode settles rows from the best two candidates, which the per-row (eager) search keeps.
-    cfg["EAGER"] = bool(cfg.get("EAGER", False) or check)
-    main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
-    # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
-    # product's operands) spill registers.
-    epilogue_width = 16 if update == UPDATE_ONEHOT else 32
-    recheck_grid = num_persistent_programs(device) if check else 0
-    part_inertia = torch.zeros(main_grid + recheck_grid, dtype=torch.float32, device=device)
-    part_changed = torch.zeros(main_grid + recheck_grid, dtype=torch.int64, device=device)
-    flag_count = torch.zeros(1, dtype=torch.int32, device=device)
-    dummy = bias
-    flag_rows = torch.empty(n if check else 1, dtype=torch.int32, device=device)
-    c_norm_max = c32.norm(dim=1).max().reshape(1) if check else dummy
-    common = dict(
-        c32_ptr=c32,
-        offset_ptr=dummy if offset32 is None else offset32,
-        scale_ptr=dummy if row_scale is None else row_scale,
-        norm_ptr=dummy if raw_norms is None else raw_norms,
-        weight_ptr=dummy if sample_weight is None else sample_weight,
-        c_norm_max_ptr=c_norm_max,
-        labels_ptr=labels, sq_dist_ptr=dummy if sq_dist is None else sq_dist,
-        prev_ptr=labels if prev_labels is None else prev_labels,
-        flag_count_ptr=flag_count, flag_rows_ptr=flag_rows,
-        sums_ptr=dummy if acc_sums is None else acc_sums, counts_ptr=dummy if acc_counts is None else acc_counts,
-        part_inertia_ptr=part_inertia, part_changed_ptr=part_changed,
-        n=n, k=k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1), n_replicas=n_replicas,
-        KP=onehot_width(k) if update == UPDATE_ONEHOT else 16,
-        HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
-        STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=update,
-    )
-    if main_grid:
-        # ONE_CHUNK: the config's BLOCK_D covers all features, so a row tile is loaded once.
-        launcher(_assign_kernel)[(main_grid,)](
-            x, c_mma, c_lo_mma, bias, row_index_ptr=flag_rows, row_count_ptr=flag_count, part_base=0,
-            bound_coef=gap_bound_coefficient(x.dtype, d, split=split) if check else 0.0, SPLIT=split,
-            HAS_ROW_INDEX=False, CHECK=check, RAW_MMA=fast_pass, PRECISION=mma_precision,
-            ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
+class AssignPass:
+    """One configuration of the assignment pass with its buffers, reusable pass after pass.
+
+    Everything a pass writes besides the labels lives here: the per-program partials of inertia
+    and changed labels (``part_inertia``, ``part_changed``, fully overwritten by every pass), the
+    accumulators of the fused sums (``acc_sums`` (R, k, d) and ``acc_counts`` (R, k): R replicas
+    for few clusters, so that programs do not queue on the same addresses) and the exact mode's
+    deferred-row list (``flag_count``, ``flag_rows``). The accumulators and ``flag_count`` must be
+    zero when a pass starts: each call clears them as part of the centroids' preparation, so a pass
+    is three launches (preparation, search, re-search) and can be captured in a CUDA graph.
+    """
+
+    def __init__(self, x: torch.Tensor, k: int, precision: str, *, update: bool,
+                 config: dict | None = None):
+        n, d = x.shape
+        device = x.device
+        self.k, self.precision, self.dtype = k, precision, x.dtype
+        self.small_d = d <= SMALL_D
+        self.check = precision == "exact" and not self.small_d
+        self.fast = precision in ("exact", "fast")
+        # bf16 rows are exact operands: in the exact mode the centroids go in as two bf16 parts (hi +
+        # lo, 16 bits of mantissa between them), so the pass is near-fp32 accurate and few rows are
+        # left to re-search. (Not for fp16, whose small lo parts would fall into its subnormal range.)
+        self.split = self.check and x.dtype == torch.bfloat16
+        if not update:
+            self.update, n_replicas = UPDATE_NONE, 1
+        elif k > onehot_max_k(d):
+            self.update, n_replicas = UPDATE_ATOMIC, 1
+        else:
+            self.update = UPDATE_ONEHOT
+            # The small-d kernel keeps its sums in registers until its programs end: no replicas.
+            n_replicas = 1 if self.small_d else min(128, max(1, (1 << 14) // (k * d)))
+        self.n_replicas = n_replicas
+        # One buffer, so that one launch clears both.
+        self.acc = torch.empty(n_replicas * k * (d + 1) if update else 1, dtype=torch.float32, device=device)
+        self.acc_sums = self.acc[: n_replicas * k * d].view(n_replicas, k, d) if update else None
+        self.acc_counts = self.acc[n_replicas * k * d:].view(n_replicas, k) if update else None
+        self.flag_count = torch.empty(1, dtype=torch.int32, device=device)
+        self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
+        if self.small_d:
+            self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
+            self.recheck_grid = 0
+        else:
+            cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
+            # The exact mode settles rows from the best two candidates, which the per-row search keeps.
+            cfg["EAGER"] = bool(cfg.get("EAGER", False) or self.check)
+            self.cfg = cfg
+            self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
+            self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
+            if self.check:
+                self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3")}
+        self.part_inertia = torch.empty(self.main_grid + self.recheck_grid, dtype=torch.float32, device=device)
+        self.part_changed = torch.empty(self.main_grid + self.recheck_grid, dtype=torch.int64, device=device)
+        if self.main_grid == 0:  # no program writes them
+            self.part_inertia.zero_()
+            self.part_changed.zero_()
+
+    def __call__(
+        self, x: torch.Tensor, c32: torch.Tensor, *, offset: torch.Tensor | None, row_scale: torch.Tensor | None,
+        raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None, prev_labels: torch.Tensor | None,
+        labels: torch.Tensor, sq_dist: torch.Tensor | None = None, zero: tuple[torch.Tensor, ...] = (),
+        control: torch.Tensor | None = None, stats_prev: torch.Tensor | None = None, iteration: int = 0,
+        tol: float = 0.0,
+    ) -> None:
+        """Assign the rows of ``x`` to ``c32`` (fp32 (k, d), transformed space) into ``labels``; the
+        preparation launch also clears the float64 tensor in ``zero``. ``control``, ``stats_prev``,
+        ``iteration`` and ``tol``: see ``prepare_centroids`` (Lloyd iterations replayed in blocks)."""
+        n, d = x.shape
+        prepared = prepare_centroids(c32, offset, x.dtype, fast=self.fast and not self.small_d, split=self.split,
+                                     exact=self.check or not (self.fast or self.small_d), zero=(self.acc, self.flag_count, *zero),
+                                     control=control, stats_prev=stats_prev, iteration=iteration, tol=tol)
+        control_args = {"control_ptr": prepared.c_norm if control is None else control, "HAS_CONTROL": control is not None}
+        dummy = prepared.c_norm
+        accumulate = self.update != UPDATE_NONE
+        if self.small_d:
+            if self.main_grid:
+                launcher(_assign_small_d_kernel)[(self.main_grid,)](
+                    x, c32, dummy if offset is None else offset, dummy if row_scale is None else row_scale,
+                    dummy if sample_weight is None else sample_weight,
+                    labels, dummy if sq_dist is None else sq_dist, labels if prev_labels is None else prev_labels,
+                    self.acc_sums if accumulate else dummy, self.acc_counts if accumulate else dummy,
+                    self.part_inertia, self.part_changed,
+                    n=n, k=self.k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1),
+                    tiles_per_program=self.tiles_per_program, **control_args,
+                    BLOCK_N=self.block_n, DP=triton.next_power_of_2(d), KP=onehot_width(self.k),
+                    NC=max(16, triton.next_power_of_2(3 * (d + 1))),
+                    HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
+                    HAS_WEIGHT=sample_weight is not None, STORE_SQ_DIST=sq_dist is not None,
+                    HAS_PREV=prev_labels is not None, UPDATE=self.update, num_warps=4,
+                )
+            return
+        if raw_norms is None and (self.check or (self.fast and row_scale is not None)):
+            raise ValueError('precision="exact" and row_scale need raw_norms')
+        common = dict(
+            c32_ptr=c32,
+            offset_ptr=dummy if offset is None else offset,
+            scale_ptr=dummy if row_scale is None else row_scale,
+            norm_ptr=dummy if raw_norms is None else raw_norms,
+            weight_ptr=dummy if sample_weight is None else sample_weight,
+            c_norm_ptr=prepared.c_norm,
+            labels_ptr=labels, sq_dist_ptr=dummy if sq_dist is None else sq_dist,
+            prev_ptr=labels if prev_labels is None else prev_labels,
+            flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows,
+            sums_ptr=self.acc_sums if accumulate else dummy, counts_ptr=self.acc_counts if accumulate else dummy,
+            part_inertia_ptr=self.part_inertia, part_changed_ptr=self.part_changed,
+            n=n, k=self.k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1), n_replicas=self.n_replicas, **control_args,
+            KP=onehot_width(self.k) if self.update == UPDATE_ONEHOT else 16,
+            HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
+            STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=self.update,
         )
-    if check and main_grid:
-        # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
-        c_exact = (c32 * -2).contiguous()
-        recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3")}
-        launcher(_assign_kernel)[(recheck_grid,)](
-            x, c_exact, c_exact, c32.double().pow(2).sum(1).float(), row_index_ptr=flag_rows, row_count_ptr=flag_count,
-            SPLIT=False,
-            part_base=main_grid, bound_coef=0.0, HAS_ROW_INDEX=True, CHECK=False, RAW_MMA=False, PRECISION="tf32x3",
-            ONE_CHUNK=recheck_cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, recheck_cfg["BLOCK_D"]), **recheck_cfg, **common,
-        )
-    if n_replicas > 1:
-        sums += acc_sums.sum(0)
-        counts += acc_counts.sum(0)
-    return AssignOutput(labels, sq_dist, part_inertia.sum(), part_changed.sum(), flag_count[0])
+        # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
+        # product's operands) spill registers.
+        epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
+        if self.main_grid:
+            cfg = self.cfg
+            # ONE_CHUNK: the config's BLOCK_D covers all features, so a row tile is loaded once.
+            launcher(_assign_kernel)[(self.main_grid,)](
+                x, prepared.c_mma, prepared.c_lo, prepared.bias, row_index_ptr=self.flag_rows,
+                row_count_ptr=self.flag_count, part_base=0,
+                bound_coef=gap_bound_coefficient(x.dtype, d, split=self.split) if self.check else 0.0,
+                SPLIT=self.split, HAS_ROW_INDEX=False, CHECK=self.check, RAW_MMA=self.fast,
+                PRECISION=("tf32" if x.dtype == torch.float32 else "ieee") if self.fast else self.precision,
+                ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
+            )
+        if self.recheck_grid:
+            # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
+            cfg = self.recheck_cfg
+            launcher(_assign_kernel)[(self.recheck_grid,)](
+                x, prepared.c_exact, prepared.c_exact, prepared.bias_exact, row_index_ptr=self.flag_rows,
+                row_count_ptr=self.flag_count, SPLIT=False, part_base=self.main_grid, bound_coef=0.0,
+                HAS_ROW_INDEX=True, CHECK=False, RAW_MMA=False, PRECISION="tf32x3",
+                ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
+            )
 
 
 SMALL_D = 8
-
-
-def _assign_small_d(x, c32, offset32, row_scale, sample_weight, prev_labels, labels, sq_dist, sums, counts):
-    """Every precision mode: direct fp32 differences are already the exact computation."""
-    n, d = x.shape
-    k = c32.shape[0]
-    device = x.device
-    update, n_replicas, acc_sums, acc_counts = _accumulators(sums, counts, k, d)
-    block_n = small_d_block_n(n, k)
-    grid = triton.cdiv(n, block_n)
-    part_inertia = torch.empty(grid, dtype=torch.float32, device=device)
-    part_changed = torch.empty(grid, dtype=torch.int64, device=device)
-    if grid:
-        launcher(_assign_small_d_kernel)[(grid,)](
-            x, c32,
-            c32 if offset32 is None else offset32,
-            c32 if row_scale is None else row_scale,
-            c32 if sample_weight is None else sample_weight,
-            labels, c32 if sq_dist is None else sq_dist, labels if prev_labels is None else prev_labels,
-            c32 if acc_sums is None else acc_sums, c32 if acc_counts is None else acc_counts,
-            part_inertia, part_changed,
-            n, k, d, x.stride(0), x.stride(1), n_replicas,
-            BLOCK_N=block_n, DP=triton.next_power_of_2(d), KP=onehot_width(k) if update == UPDATE_ONEHOT else 16,
-            HAS_OFFSET=offset32 is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
-            STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=update, num_warps=4,
-        )
-    if n_replicas > 1:
-        sums += acc_sums.sum(0)
-        counts += acc_counts.sum(0)
-    zero = torch.zeros((), dtype=torch.int32, device=device)
-    return AssignOutput(labels, sq_dist, part_inertia.sum(), part_changed.sum(), zero)
 
 
 def assign_reference(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import os
 import torch
 import triton
 
-__all__ = ["assign_config", "num_persistent_programs", "small_d_block_n", "update_config"]
+__all__ = ["assign_config", "num_persistent_programs", "small_d_launch", "update_config"]
 
 
 def _override(precision: str) -> dict | None:
@@ -72,6 +72,11 @@ def num_persistent_programs(device: torch.device) -> int:
     return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def small_d_block_n(n: int, k: int) -> int:
-    """Rows per program of the small-d kernel (one row per thread for 4 warps, more for big n)."""
-    return 256 if n >= (1 << 20) else 128
+def small_d_launch(n: int, device: torch.device) -> tuple[int, int, int]:
+    """(rows per tile, programs, tiles per program) of the small-d kernel: one row per thread, and
+    about 8 programs per SM, each walking consecutive tiles (its atomics are issued once, at the end)."""
+    block_n = 128
+    n_tiles = triton.cdiv(n, block_n)
+    programs = 8 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    tiles_per_program = max(1, triton.cdiv(n_tiles, programs))
+    return block_n, triton.cdiv(n_tiles, tiles_per_program), tiles_per_program

@@ -1,0 +1,366 @@
+"""Per-iteration work on the centroids, one launch each side of the assignment pass.
+
+``prepare_centroids`` turns the fp32 centroids into the operands of the assignment pass (the
+tensor-core copy scaled by -2, its low part for split bf16, the per-centroid score bias with the
+centring folded in, the fp32 copy of the exact re-search and the centroid norms of the rounding
+bound) and clears the pass's accumulators. ``finish_update`` reduces the accumulator replicas into
+per-cluster sums and weights, moves the centroids to the means in place (clusters with no weight
+keep theirs; cosine centroids are renormalised), and writes the iteration's statistics. A Lloyd
+iteration is then these two launches around the pass, instead of some forty small torch
+operations, which is what bounded small problems.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import launcher
+
+__all__ = ["Prepared", "finish_update", "finish_update_reference", "prepare_centroids", "prepare_centroids_reference"]
+
+
+@triton.jit
+def _round_tf32(v):
+    """fp32 values rounded to tf32 (10 mantissa bits, ties away from zero), still fp32."""
+    return ((v.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _prepare_kernel(
+    c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
+    zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64,
+    control_ptr, stats_prev_ptr, iteration, tol,
+    k, d,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_OFFSET: tl.constexpr, FAST: tl.constexpr,
+    TF32: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr, HAS_CONTROL: tl.constexpr,
+    CHECK_STOP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if HAS_CONTROL:
+        frozen = tl.load(control_ptr) != 0
+        if CHECK_STOP:
+            # Later iterations of a replayed block freeze once the previous one met a stopping rule
+            # (the host then stops there, or relocates empty clusters), or past the block's budget.
+            changed = tl.load(stats_prev_ptr + 2)
+            shift = tl.load(stats_prev_ptr + 1)
+            empty = tl.load(stats_prev_ptr + 3)
+            stop = ((changed == 0) & (empty == 0)) | (shift <= tol) | (empty > 0)
+            frozen = frozen | stop | (iteration >= tl.load(control_ptr + 1))
+            if pid == 0:
+                tl.store(control_ptr, frozen.to(tl.int32))
+    else:
+        frozen = False
+    if not frozen:
+        _prepare_body(pid, c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
+                      zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64, k, d,
+                      BLOCK_K, BLOCK_D, HAS_OFFSET, FAST, TF32, SPLIT, EXACT)
+
+
+@triton.jit
+def _prepare_body(
+    pid, c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
+    zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64, k, d,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_OFFSET: tl.constexpr, FAST: tl.constexpr,
+    TF32: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr,
+):
+    rows = pid * BLOCK_K + tl.arange(0, BLOCK_K)
+    row_mask = rows < k
+    dims0 = tl.arange(0, BLOCK_D)
+    sq = tl.zeros((BLOCK_K,), tl.float64)
+    shift = tl.zeros((BLOCK_K,), tl.float64)
+    sq_exact = tl.zeros((BLOCK_K,), tl.float64)
+    norm_sq = tl.zeros((BLOCK_K,), tl.float32)
+    for d0 in range(0, d, BLOCK_D):
+        dims = d0 + dims0
+        mask = row_mask[:, None] & (dims < d)[None, :]
+        offs = rows.to(tl.int64)[:, None] * d + dims[None, :]
+        c = tl.load(c_ptr + offs, mask=mask, other=0.0)
+        norm_sq += tl.sum(c * c, axis=1)
+        if FAST:
+            # The tensor cores' operand: tf32-rounded for fp32 rows, rounded to the rows' dtype otherwise.
+            if TF32:
+                hi = _round_tf32(c)
+                tl.store(c_mma_ptr + offs, hi * -2.0, mask=mask)
+                hi64 = hi.to(tl.float64)
+            else:
+                hi = c.to(c_mma_ptr.dtype.element_ty)
+                tl.store(c_mma_ptr + offs, hi * -2.0, mask=mask)
+                hi64 = hi.to(tl.float64)
+            if SPLIT:
+                lo = (c - hi.to(tl.float32)).to(c_lo_ptr.dtype.element_ty)
+                tl.store(c_lo_ptr + offs, lo * -2.0, mask=mask)
+                hi64 += lo.to(tl.float64)
+            sq += tl.sum(hi64 * hi64, axis=1)
+            if HAS_OFFSET:
+                off = tl.load(offset_ptr + dims, mask=dims < d, other=0.0).to(tl.float64)
+                shift += tl.sum(hi64 * off[None, :], axis=1)
+        if EXACT:
+            tl.store(c_exact_ptr + offs, c * -2.0, mask=mask)
+            c64 = c.to(tl.float64)
+            sq_exact += tl.sum(c64 * c64, axis=1)
+    if FAST:
+        # ||c||^2 - 2 (x - m).c = (||c||^2 + 2 m.c) - 2 x.c, so the pass multiplies raw rows.
+        tl.store(bias_ptr + rows, (sq + 2.0 * shift).to(tl.float32), mask=row_mask)
+    if EXACT:
+        tl.store(bias_exact_ptr + rows, sq_exact.to(tl.float32), mask=row_mask)
+    tl.store(c_norm_ptr + rows, tl.sqrt(norm_sq), mask=row_mask)
+    # Clear the pass's accumulators, spread over the programs.
+    step = tl.num_programs(0) * 1024
+    z = tl.arange(0, 1024)
+    for i in range(pid * 1024, n_zero_f32, step):
+        tl.store(zero_f32_ptr + i + z, tl.zeros((1024,), tl.float32), mask=i + z < n_zero_f32)
+    for i in range(pid * 1024, n_zero_i32, step):
+        tl.store(zero_i32_ptr + i + z, tl.zeros((1024,), tl.int32), mask=i + z < n_zero_i32)
+    for i in range(pid * 1024, n_zero_f64, step):
+        tl.store(zero_f64_ptr + i + z, tl.zeros((1024,), tl.float64), mask=i + z < n_zero_f64)
+
+
+class Prepared(NamedTuple):
+    """Operands of the assignment pass for one set of centroids (see ``prepare_centroids``).
+
+    ``c_mma``/``c_lo``/``bias``: the fast pass's centroids times -2 in the rows' dtype (``c_lo``: the
+    low bf16 part when split, else ``c_mma``) and its score bias; ``c_exact``/``bias_exact``: fp32
+    centroids times -2 and ``||c||^2`` for the exact products (the re-search, and the reference
+    precisions); ``c_norm``: fp32 norms for the rounding bound.
+    """
+
+    c_mma: torch.Tensor
+    c_lo: torch.Tensor
+    bias: torch.Tensor
+    c_exact: torch.Tensor
+    bias_exact: torch.Tensor
+    c_norm: torch.Tensor
+
+
+def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(n, dtype=dtype, device=device)
+
+
+def prepare_centroids(
+    c32: torch.Tensor,
+    offset: torch.Tensor | None,
+    x_dtype: torch.dtype,
+    *,
+    fast: bool,
+    split: bool,
+    exact: bool,
+    zero: tuple[torch.Tensor, ...] = (),
+    control: torch.Tensor | None = None,
+    stats_prev: torch.Tensor | None = None,
+    iteration: int = 0,
+    tol: float = 0.0,
+) -> Prepared:
+    """Operands of the assignment pass for fp32 centroids ``c32`` (k, d), in one launch.
+
+    ``fast``: the pass multiplies in ``x_dtype`` on tensor cores (tf32-rounded centroids for fp32
+    rows); ``split``: bf16 centroids as hi + lo parts; ``exact``: also the fp32 operands (re-search or
+    reference precisions). ``offset`` (d,) is folded into the bias. The contiguous float32, int32 and
+    float64 tensors in ``zero`` (at most one of each) are cleared by the same launch.
+
+    ``control`` (int32 (2,): frozen flag, iterations allowed) serves Lloyd iterations replayed in
+    blocks: when given, the launch does nothing while ``control[0]`` is set, and with
+    ``stats_prev`` (the previous iteration's ``[inertia, shift, changed, empty]``) it sets the flag
+    first if that iteration changed no label with no empty cluster, moved the centroids by at most
+    ``tol``, left a cluster empty, or if ``iteration >= control[1]``. Every later launch of the
+    iteration checks the flag too.
+    """
+    k, d = c32.shape
+    device = c32.device
+    mma_dtype = x_dtype if fast else torch.float32
+    c_mma = torch.empty(k, d, dtype=mma_dtype, device=device) if fast else None
+    c_lo = torch.empty(k, d, dtype=mma_dtype, device=device) if split else c_mma
+    c_exact = torch.empty(k, d, dtype=torch.float32, device=device) if exact else None
+    bias = _empty(k, torch.float32, device) if fast else None
+    bias_exact = _empty(k, torch.float32, device) if exact else None
+    c_norm = _empty(k, torch.float32, device)
+    zeros = {t.dtype: t for t in zero}
+    if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
+        raise ValueError("zero takes at most one contiguous tensor per dtype")
+    placeholder = c_norm
+    block_d = min(32, max(16, triton.next_power_of_2(d)))
+    block_k = 16
+    grid = max(1, triton.cdiv(k, block_k))
+    launcher(_prepare_kernel)[(grid,)](
+        c32, placeholder if offset is None else offset,
+        placeholder if c_mma is None else c_mma, placeholder if c_lo is None else c_lo,
+        placeholder if bias is None else bias, placeholder if c_exact is None else c_exact,
+        placeholder if bias_exact is None else bias_exact, c_norm,
+        zeros.get(torch.float32, placeholder), zeros[torch.float32].numel() if torch.float32 in zeros else 0,
+        zeros.get(torch.int32, placeholder), zeros[torch.int32].numel() if torch.int32 in zeros else 0,
+        zeros.get(torch.float64, placeholder), zeros[torch.float64].numel() if torch.float64 in zeros else 0,
+        placeholder if control is None else control, placeholder if stats_prev is None else stats_prev, iteration, tol,
+        k, d, BLOCK_K=block_k, BLOCK_D=block_d, HAS_OFFSET=offset is not None, FAST=fast,
+        TF32=x_dtype == torch.float32, SPLIT=split, EXACT=exact, HAS_CONTROL=control is not None,
+        CHECK_STOP=stats_prev is not None,
+    )
+    if not fast:  # the reference precisions multiply the fp32 centroids
+        c_mma, c_lo, bias = c_exact, c_exact, bias_exact
+    if not exact:
+        c_exact, bias_exact = c_mma, bias
+    return Prepared(c_mma, c_lo, bias, c_exact, bias_exact, c_norm)
+
+
+def prepare_centroids_reference(
+    c32: torch.Tensor, offset: torch.Tensor | None, x_dtype: torch.dtype, *, fast: bool, split: bool, exact: bool
+) -> Prepared:
+    """Pure-torch reference of ``prepare_centroids`` (without the clearing)."""
+    c_exact = (c32 * -2).contiguous()
+    bias_exact = c32.double().pow(2).sum(1).float()
+    c_norm = c32.norm(dim=1)
+    if not fast:
+        return Prepared(c_exact, c_exact, bias_exact, c_exact, bias_exact, c_norm)
+    if x_dtype == torch.float32:
+        bits = c32.contiguous().view(torch.int32)
+        hi = ((bits + 0x1000) & -0x2000).view(torch.float32)
+    else:
+        hi = c32.to(x_dtype)
+    hi64 = hi.double()
+    c_lo = None
+    if split:
+        c_lo = (c32 - hi.float()).to(x_dtype)
+        hi64 = hi64 + c_lo.double()
+    bias = hi64.pow(2).sum(1)
+    if offset is not None:
+        bias = bias + 2.0 * (hi64 @ offset.double())
+    c_mma = (hi * -2).contiguous()
+    c_lo_mma = c_mma if c_lo is None else (c_lo * -2).contiguous()
+    if not exact:
+        c_exact, bias_exact = c_mma, bias.float()
+    return Prepared(c_mma, c_lo_mma, bias.float(), c_exact, bias_exact, c_norm)
+
+
+@triton.jit
+def _finish_kernel(
+    acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
+    part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, control_ptr,
+    k, d,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, HAS_CONTROL: tl.constexpr,
+):
+    if HAS_CONTROL:
+        if tl.load(control_ptr) == 0:
+            _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
+                         part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE)
+    else:
+        _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
+                     part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE)
+
+
+@triton.jit
+def _finish_body(
+    acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
+    part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, k, d,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_K + tl.arange(0, BLOCK_K)
+    row_mask = rows < k
+    dims0 = tl.arange(0, BLOCK_D)
+    counts = tl.zeros((BLOCK_K,), tl.float32)
+    for r in range(0, n_replicas):
+        counts += tl.load(acc_counts_ptr + r * k + rows, mask=row_mask, other=0.0)
+    tl.store(counts_ptr + rows, counts, mask=row_mask)
+    filled = counts > 0
+    divisor = tl.where(filled, counts, 1.0)
+    norm_sq = tl.zeros((BLOCK_K,), tl.float32)
+    shift = tl.zeros((BLOCK_K,), tl.float32)
+    # Features in chunks; with NORMALIZE, a first sweep takes the means' norms.
+    for d0 in range(0, d, BLOCK_D):
+        dims = d0 + dims0
+        mask = row_mask[:, None] & (dims < d)[None, :]
+        offs = rows.to(tl.int64)[:, None] * d + dims[None, :]
+        s = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
+        for r in range(0, n_replicas):
+            s += tl.load(acc_sums_ptr + r * k * d + offs, mask=mask, other=0.0)
+        tl.store(sums_ptr + offs, s, mask=mask)
+        old = tl.load(c_ptr + offs, mask=mask, other=0.0)
+        # Clusters with no weight keep their centroid: never NaN.
+        new = tl.where(filled[:, None], s / divisor[:, None], old)
+        if NORMALIZE:
+            norm_sq += tl.sum(new * new, axis=1)
+        else:
+            tl.store(c_old_ptr + offs, old, mask=mask)
+            tl.store(c_ptr + offs, new, mask=mask)
+            shift += tl.sum((new - old) * (new - old), axis=1)
+    if NORMALIZE:
+        norm = tl.sqrt(norm_sq)
+        # A mean of opposing unit vectors can vanish; keep the old direction then.
+        keep = norm <= 1e-12
+        inv = 1.0 / tl.maximum(norm, 1e-30)
+        for d0 in range(0, d, BLOCK_D):
+            dims = d0 + dims0
+            mask = row_mask[:, None] & (dims < d)[None, :]
+            offs = rows.to(tl.int64)[:, None] * d + dims[None, :]
+            s = tl.load(sums_ptr + offs, mask=mask, other=0.0)
+            old = tl.load(c_ptr + offs, mask=mask, other=0.0)
+            new = tl.where(filled[:, None], s / divisor[:, None], old)
+            new = tl.where(keep[:, None], old, new * inv[:, None])
+            tl.store(c_old_ptr + offs, old, mask=mask)
+            tl.store(c_ptr + offs, new, mask=mask)
+            shift += tl.sum((new - old) * (new - old), axis=1)
+    tl.atomic_add(stats_ptr + 1, tl.sum(shift, axis=0).to(tl.float64))
+    tl.atomic_add(stats_ptr + 3, tl.sum((row_mask & (counts <= 0)).to(tl.float64), axis=0))
+    if pid == 0:
+        # The pass's per-program partials, summed in a fixed order.
+        parts = tl.arange(0, 1024)
+        inertia = tl.zeros((1024,), tl.float64)
+        changed = tl.zeros((1024,), tl.int64)
+        for p0 in range(0, n_parts, 1024):
+            m = p0 + parts < n_parts
+            inertia += tl.load(part_inertia_ptr + p0 + parts, mask=m, other=0.0).to(tl.float64)
+            changed += tl.load(part_changed_ptr + p0 + parts, mask=m, other=0)
+        tl.store(stats_ptr, tl.sum(inertia, axis=0))
+        tl.store(stats_ptr + 2, tl.sum(changed, axis=0).to(tl.float64))
+
+
+def finish_update(
+    acc_sums: torch.Tensor,
+    acc_counts: torch.Tensor,
+    centroids: torch.Tensor,
+    part_inertia: torch.Tensor,
+    part_changed: torch.Tensor,
+    stats: torch.Tensor,
+    *,
+    normalize: bool,
+    old_centroids: torch.Tensor,
+    sums: torch.Tensor,
+    counts: torch.Tensor,
+    control: torch.Tensor | None = None,
+) -> None:
+    """The update step of a Lloyd iteration, in one launch and in place.
+
+    ``acc_sums`` (R, k, d) / ``acc_counts`` (R, k): the pass's accumulator replicas, reduced into
+    ``sums`` (k, d) and ``counts`` (k,). ``centroids`` (k, d, float32) move to the means (kept where
+    a cluster has no weight; renormalised when ``normalize``), their previous values go to
+    ``old_centroids``. ``stats`` (float64 (4,), with entries 1 and 3 zero on entry) receives
+    ``[inertia, shift, changed, empty]``: the sums of the pass's per-program partials, the total
+    squared centroid movement, and the number of clusters with no weight. Nothing happens while
+    ``control[0]`` is set (see ``prepare_centroids``).
+    """
+    k, d = centroids.shape
+    block_k = 16
+    block_d = min(64, max(16, triton.next_power_of_2(d)))
+    launcher(_finish_kernel)[(max(1, triton.cdiv(k, block_k)),)](
+        acc_sums, acc_counts, acc_sums.shape[0], centroids, old_centroids, sums, counts,
+        part_inertia, part_changed, part_inertia.numel(), stats, stats if control is None else control, k, d,
+        BLOCK_K=block_k, BLOCK_D=block_d, NORMALIZE=normalize, HAS_CONTROL=control is not None,
+    )
+
+
+def finish_update_reference(
+    acc_sums: torch.Tensor, acc_counts: torch.Tensor, centroids: torch.Tensor, part_inertia: torch.Tensor,
+    part_changed: torch.Tensor, *, normalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pure-torch reference: ``(new_centroids, sums, counts, stats)``."""
+    sums, counts = acc_sums.sum(0), acc_counts.sum(0)
+    filled = counts > 0
+    new = torch.where(filled[:, None], sums / torch.where(filled, counts, 1.0)[:, None], centroids)
+    if normalize:
+        norm = new.norm(dim=1, keepdim=True)
+        new = torch.where(norm > 1e-12, new / norm.clamp_min(1e-30), centroids)
+    stats = torch.stack([part_inertia.double().sum(), ((new - centroids) ** 2).sum().double(),
+                         part_changed.sum().double(), (counts <= 0).sum().double()])
+    return new, sums, counts, stats
