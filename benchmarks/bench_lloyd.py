@@ -62,18 +62,19 @@ def ceilings() -> dict[str, float]:
 
 
 def per_iteration(run, iters: int) -> float:
-    """Differential time of one iteration: run(n) performs n iterations (synchronised inside)."""
+    """Differential time of one iteration: run(n) performs up to n iterations (synchronised inside)
+    and returns how many it ran (None: n), as a fit may converge before n."""
     def timed(n):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        run(n)
+        done = run(n)
         torch.cuda.synchronize()
-        return time.perf_counter() - t0
-    first = timed(2)  # compile / autotune / warm caches
+        return time.perf_counter() - t0, n if done is None else done
+    first, _ = timed(2)  # compile / autotune / warm caches
     repeats = 2 if first < 2.0 else 1
-    base = min(timed(3) for _ in range(repeats))
-    full = min(timed(3 + iters) for _ in range(repeats))
-    return (full - base) / iters * 1e3
+    base, n_base = min(timed(3) for _ in range(repeats))
+    full, n_full = min(timed(3 + iters) for _ in range(repeats))
+    return (full - base) / (n_full - n_base) * 1e3 if n_full > n_base else float("nan")
 
 
 def torch_dense(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
@@ -241,7 +242,8 @@ def main() -> None:
                 rows.append(row)
                 continue
             row.update(check(x, c0))
-            iters = 10 if n * k * d < 1e12 else 3
+            # Small problems: many iterations, so that per-fit costs (graph capture) cancel out.
+            iters = 100 if n * k * d < 1e10 else 10 if n * k * d < 1e12 else 3
             row["ours_exact"] = per_iteration(lambda m: torchkm_lloyd(x, c0, m, "exact"), iters)
             row["ours_fast"] = per_iteration(lambda m: torchkm_lloyd(x, c0, m, "fast"), iters)
             if not args.no_flash:

@@ -109,8 +109,13 @@ def test_cuda_assign_compiles_without_graph_breaks(x_cpu):
     compiled = torch.compile(lambda a, b: torchkm.assign(a, b), fullgraph=True)
     labels, dist = compiled(x, c)
     eager = torchkm.assign(x, c)
-    assert torch.equal(labels, eager[0])
-    torch.testing.assert_close(dist, eager[1])
+    # Inductor computes the centring offset (a mean) in its own order: last-bit differences may
+    # settle fp32 near-ties the other way, nothing more.
+    differ = assert_labels_match_except_near_ties(x_cpu.numpy(), c.cpu().numpy(), labels.cpu().numpy(),
+                                                  eager[0].cpu().numpy())
+    assert differ <= 5
+    same = labels == eager[0]
+    torch.testing.assert_close(dist[same], eager[1][same])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

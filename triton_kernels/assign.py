@@ -338,15 +338,17 @@ def _assign_small_d_kernel(
     BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     STORE_SQ_DIST: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, HAS_CONTROL: tl.constexpr,
+    REG_ACC: tl.constexpr,
 ):
     """d <= 8: one row per thread, a loop over the centroids with the distance taken directly from
     the difference in fp32 (exact up to fp32 rounding of d terms); tensor cores would pad d to 16.
 
     Each program walks ``tiles_per_program`` consecutive row tiles and keeps its statistics and (few
     clusters) its per-cluster sums in registers, so a pass issues one set of atomics per program, not
-    per tile. The sums of a tile are a one-hot product on the tensor cores: the columns hold each
-    weighted feature and the weight, split exactly into three tf32 parts, so the products are exact
-    and only the fp32 accumulation rounds.
+    per tile. With ``REG_ACC`` (d <= 4 and few clusters) each thread keeps per-cluster sums of its
+    own rows in registers; otherwise the sums of a tile are a one-hot product on the tensor cores,
+    whose columns hold each weighted feature and the weight split exactly into three tf32 parts, so
+    the products are exact and only the fp32 accumulation rounds.
     """
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
@@ -359,10 +361,21 @@ def _assign_small_d_kernel(
         changed_rows = tl.zeros((BLOCK_N,), tl.int32)
         if UPDATE == 1:
             k_cols = tl.arange(0, KP)
-            cols = tl.arange(0, NC)
-            feature = cols % (d + 1)  # feature d is the weight
-            part = cols // (d + 1)
-            acc = tl.zeros((KP, NC), tl.float32)
+            if REG_ACC:
+                # Few clusters and features: each thread adds its rows into its own (clusters x
+                # features) registers, reduced across threads once, at the program's end.
+                acc_w = tl.zeros((BLOCK_N, KP), tl.float32)
+                acc_0 = tl.zeros((BLOCK_N, KP), tl.float32)
+                if DP > 1:
+                    acc_1 = tl.zeros((BLOCK_N, KP), tl.float32)
+                if DP > 2:
+                    acc_2 = tl.zeros((BLOCK_N, KP), tl.float32)
+                    acc_3 = tl.zeros((BLOCK_N, KP), tl.float32)
+            else:
+                cols = tl.arange(0, NC)
+                feature = cols % (d + 1)  # feature d is the weight
+                part = cols // (d + 1)
+                acc = tl.zeros((KP, NC), tl.float32)
         first_row = pid.to(tl.int64) * tiles_per_program * BLOCK_N  # 64-bit: n * stride can pass 2^31
         for t in range(tiles_per_program):
             rows = first_row + t * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -395,7 +408,16 @@ def _assign_small_d_kernel(
             if STORE_SQ_DIST:
                 tl.store(sq_dist_ptr + rows, best, mask=row_mask)
             inertia_rows += tl.where(row_mask, best * w, 0.0)
-            if UPDATE == 1:
+            if UPDATE == 1 and REG_ACC:
+                onehot = tl.where(label[:, None] == k_cols[None, :], w[:, None], 0.0)
+                acc_w += onehot
+                acc_0 += onehot * tl.sum(tl.where(dims[None, :] == 0, xr, 0.0), axis=1)[:, None]
+                if DP > 1:
+                    acc_1 += onehot * tl.sum(tl.where(dims[None, :] == 1, xr, 0.0), axis=1)[:, None]
+                if DP > 2:
+                    acc_2 += onehot * tl.sum(tl.where(dims[None, :] == 2, xr, 0.0), axis=1)[:, None]
+                    acc_3 += onehot * tl.sum(tl.where(dims[None, :] == 3, xr, 0.0), axis=1)[:, None]
+            if UPDATE == 1 and not REG_ACC:
                 onehot = (label[:, None] == k_cols[None, :]).to(tl.float32)
                 v = load_rows(x_ptr, rows, row_mask, feature, feature < d, stride_xn, stride_xd, offset_ptr, scale,
                               HAS_OFFSET, HAS_SCALE)
@@ -412,7 +434,16 @@ def _assign_small_d_kernel(
                 tl.atomic_add(counts_ptr + label64, w, mask=row_mask)
         tl.store(part_changed_ptr + pid, tl.sum(changed_rows.to(tl.int64), axis=0))
         tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
-        if UPDATE == 1:
+        if UPDATE == 1 and REG_ACC:
+            live = k_cols < k
+            tl.atomic_add(counts_ptr + k_cols, tl.sum(acc_w, axis=0), mask=live)
+            tl.atomic_add(sums_ptr + k_cols * d, tl.sum(acc_0, axis=0), mask=live)
+            if DP > 1:
+                tl.atomic_add(sums_ptr + k_cols * d + 1, tl.sum(acc_1, axis=0), mask=live)  # DP > 1: d >= 2
+            if DP > 2:
+                tl.atomic_add(sums_ptr + k_cols * d + 2, tl.sum(acc_2, axis=0), mask=live)  # DP > 2: d >= 3
+                tl.atomic_add(sums_ptr + k_cols * d + 3, tl.sum(acc_3, axis=0), mask=live & (k_cols * 0 + 3 < d))
+        if UPDATE == 1 and not REG_ACC:
             live = (k_cols < k)[:, None] & (part < 3)[None, :]
             tl.atomic_add(sums_ptr + k_cols[:, None] * d + feature[None, :], acc, mask=live & (feature < d)[None, :])
             tl.atomic_add(counts_ptr + k_cols[:, None] + feature[None, :] * 0, acc, mask=live & (feature == d)[None, :])
@@ -628,6 +659,7 @@ class AssignPass:
                     tiles_per_program=self.tiles_per_program, **control_args,
                     BLOCK_N=self.block_n, DP=triton.next_power_of_2(d), KP=onehot_width(self.k),
                     NC=max(16, triton.next_power_of_2(3 * (d + 1))),
+                    REG_ACC=d <= 4 and onehot_width(self.k) * (triton.next_power_of_2(d) + 1) <= 128,
                     HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
                     HAS_WEIGHT=sample_weight is not None, STORE_SQ_DIST=sq_dist is not None,
                     HAS_PREV=prev_labels is not None, UPDATE=self.update, num_warps=4,
