@@ -74,9 +74,9 @@ def num_persistent_programs(device: torch.device) -> int:
 
 def small_d_launch(n: int, device: torch.device) -> tuple[int, int, int]:
     """(rows per tile, programs, tiles per program) of the small-d kernel: one row per thread, and
-    about 8 programs per SM, each walking consecutive tiles (its atomics are issued once, at the end)."""
+    about 32 programs per SM (small waves), each walking consecutive tiles (its atomics are issued once, at the end)."""
     block_n = 128
     n_tiles = triton.cdiv(n, block_n)
-    programs = 8 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    programs = 32 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     tiles_per_program = max(1, triton.cdiv(n_tiles, programs))
     return block_n, triton.cdiv(n_tiles, tiles_per_program), tiles_per_program
