@@ -180,7 +180,8 @@ def prepare_centroids(
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
         raise ValueError("zero takes at most one contiguous tensor per dtype")
-    placeholder = c_norm
+    # Unused pointers get their own tensor (never an output: see AssignPass).
+    placeholder = torch.empty(1, dtype=torch.float32, device=device)
     block_d = min(32, max(16, triton.next_power_of_2(d)))
     block_k = 16
     grid = max(1, triton.cdiv(k, block_k))
