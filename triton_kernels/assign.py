@@ -338,7 +338,7 @@ def _assign_small_d_kernel(
     BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     STORE_SQ_DIST: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, HAS_CONTROL: tl.constexpr,
-    REG_ACC: tl.constexpr, UNROLL_K: tl.constexpr,
+    REG_ACC: tl.constexpr,
 ):
     """d <= 8: one row per thread, a loop over the centroids with the distance taken directly from
     the difference in fp32 (exact up to fp32 rounding of d terms); tensor cores would pad d to 16.
@@ -388,25 +388,13 @@ def _assign_small_d_kernel(
                            HAS_OFFSET, HAS_SCALE)
             best = tl.full((BLOCK_N,), float("inf"), tl.float32)
             label = tl.zeros((BLOCK_N,), tl.int32)
-            if UNROLL_K:
-                # Few clusters: unrolled, so the centroid loads are independent and overlap instead
-                # of each waiting on the cache in turn (latency bound).
-                no_rows = tl.zeros((BLOCK_N,), tl.int32)
-                for j in tl.static_range(KP):
-                    cj = tl.load(c_ptr + j * d + dims, mask=dim_mask & (dims * 0 + j < k), other=0.0)
-                    diff = xr - cj[None, :]
-                    dist = tl.where(no_rows + j < k, tl.sum(diff * diff, axis=1), float("inf"))
-                    better = dist < best  # strict: ties keep the lower index
-                    best = tl.where(better, dist, best)
-                    label = tl.where(better, j, label)
-            else:
-                for j in range(k):
-                    cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
-                    diff = xr - cj[None, :]
-                    dist = tl.sum(diff * diff, axis=1)
-                    better = dist < best  # strict: ties keep the lower index
-                    best = tl.where(better, dist, best)
-                    label = tl.where(better, j, label)
+            for j in range(k):
+                cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
+                diff = xr - cj[None, :]
+                dist = tl.sum(diff * diff, axis=1)
+                better = dist < best  # strict: ties keep the lower index
+                best = tl.where(better, dist, best)
+                label = tl.where(better, j, label)
             if HAS_WEIGHT:
                 w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
             else:
@@ -674,7 +662,6 @@ class AssignPass:
                     BLOCK_N=self.block_n, DP=triton.next_power_of_2(d), KP=onehot_width(self.k),
                     NC=max(16, triton.next_power_of_2(3 * (d + 1))),
                     REG_ACC=d <= 4 and onehot_width(self.k) * (triton.next_power_of_2(d) + 1) <= 128,
-                    UNROLL_K=self.k <= onehot_max_k(d),
                     HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
                     HAS_WEIGHT=sample_weight is not None, STORE_SQ_DIST=sq_dist is not None,
                     HAS_PREV=prev_labels is not None, UPDATE=self.update, num_warps=4,
