@@ -494,16 +494,6 @@ def gap_bound_coefficient(dtype: torch.dtype, d: int, split: bool = False) -> fl
     return 1.25 * 4.0 * (u_x + u_c + u_x * u_c + d * 2.0**-22)
 
 
-def round_to_tf32(values: torch.Tensor) -> torch.Tensor:
-    """float32 values rounded to tf32 (10 mantissa bits, ties away from zero), still as float32.
-
-    Exactly representable in tf32, they reach the tensor cores unchanged whether the hardware
-    truncates or rounds, so their error is half a tf32 ulp, not a whole one.
-    """
-    bits = values.contiguous().view(torch.int32)
-    return ((bits + 0x1000) & -0x2000).view(torch.float32)
-
-
 def assign(
     x: torch.Tensor,
     centroids: torch.Tensor,
@@ -589,7 +579,7 @@ class AssignPass:
                  config: dict | None = None):
         n, d = x.shape
         device = x.device
-        self.k, self.precision, self.dtype = k, precision, x.dtype
+        self.k, self.precision = k, precision
         self.small_d = d <= SMALL_D
         self.check = precision == "exact" and not self.small_d
         self.fast = precision in ("exact", "fast")

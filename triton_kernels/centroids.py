@@ -20,7 +20,8 @@ import triton.language as tl
 
 from ._common import launcher
 
-__all__ = ["Prepared", "finish_update", "finish_update_reference", "prepare_centroids", "prepare_centroids_reference"]
+__all__ = ["Prepared", "finish_update", "finish_update_reference", "prepare_centroids", "prepare_centroids_reference",
+           "round_to_tf32"]
 
 
 @triton.jit
@@ -119,6 +120,17 @@ def _prepare_body(
         tl.store(zero_f64_ptr + i + z, tl.zeros((1024,), tl.float64), mask=i + z < n_zero_f64)
 
 
+def round_to_tf32(values: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to tf32 (10 mantissa bits, ties away from zero), still as float32.
+
+    Exactly representable in tf32, they reach the tensor cores unchanged whether the hardware
+    truncates or rounds, so their error is half a tf32 ulp, not a whole one. (Host twin of
+    ``_round_tf32``.)
+    """
+    bits = values.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32)
+
+
 class Prepared(NamedTuple):
     """Operands of the assignment pass for one set of centroids (see ``prepare_centroids``).
 
@@ -134,10 +146,6 @@ class Prepared(NamedTuple):
     c_exact: torch.Tensor
     bias_exact: torch.Tensor
     c_norm: torch.Tensor
-
-
-def _empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.empty(n, dtype=dtype, device=device)
 
 
 def prepare_centroids(
@@ -174,9 +182,9 @@ def prepare_centroids(
     c_mma = torch.empty(k, d, dtype=mma_dtype, device=device) if fast else None
     c_lo = torch.empty(k, d, dtype=mma_dtype, device=device) if split else c_mma
     c_exact = torch.empty(k, d, dtype=torch.float32, device=device) if exact else None
-    bias = _empty(k, torch.float32, device) if fast else None
-    bias_exact = _empty(k, torch.float32, device) if exact else None
-    c_norm = _empty(k, torch.float32, device)
+    bias = torch.empty(k, dtype=torch.float32, device=device) if fast else None
+    bias_exact = torch.empty(k, dtype=torch.float32, device=device) if exact else None
+    c_norm = torch.empty(k, dtype=torch.float32, device=device)
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
         raise ValueError("zero takes at most one contiguous tensor per dtype")
@@ -214,11 +222,7 @@ def prepare_centroids_reference(
     c_norm = c32.norm(dim=1)
     if not fast:
         return Prepared(c_exact, c_exact, bias_exact, c_exact, bias_exact, c_norm)
-    if x_dtype == torch.float32:
-        bits = c32.contiguous().view(torch.int32)
-        hi = ((bits + 0x1000) & -0x2000).view(torch.float32)
-    else:
-        hi = c32.to(x_dtype)
+    hi = round_to_tf32(c32) if x_dtype == torch.float32 else c32.to(x_dtype)
     hi64 = hi.double()
     c_lo = None
     if split:
@@ -241,11 +245,10 @@ def _finish_kernel(
     k, d,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, HAS_CONTROL: tl.constexpr,
 ):
-    if HAS_CONTROL:
-        if tl.load(control_ptr) == 0:
-            _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
-                         part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE)
-    else:
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
         _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
                      part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE)
 

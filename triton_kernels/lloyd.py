@@ -54,17 +54,16 @@ class LloydEngine:
         # The device freezes when shift <= tol in fp32; rounding tol up there means it freezes
         # whenever the host (in float64) would stop.
         tol32 = np.float32(tol) if math.isfinite(tol) else np.float32(-1.0)
-        self._tol_device = float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
+        self.tol_device = float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
         self._use_graphs = graphs and x.device.type == "cuda"  # elsewhere blocks run eagerly
         self._graph: torch.cuda.CUDAGraph | None = None
-        self.tol_device = self._tol_device
 
     def iterate(self, has_prev: bool, slot: int = 0, in_block: bool = False) -> None:
         """One iteration, its statistics into ``stats[slot]``; ``in_block``: under the block's control."""
         self.assign_pass(
             self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
             zero=(self.stats[slot],), control=self.control if in_block else None,
-            stats_prev=self.stats[slot - 1] if in_block and slot > 0 else None, iteration=slot, tol=self._tol_device,
+            stats_prev=self.stats[slot - 1] if in_block and slot > 0 else None, iteration=slot, tol=self.tol_device,
         )
         p = self.assign_pass
         finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[slot],

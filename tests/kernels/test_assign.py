@@ -176,7 +176,7 @@ def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
 
 
 def test_round_to_tf32_is_exact_in_tf32_and_within_half_an_ulp():
-    from torchkm._kernels.assign import round_to_tf32
+    from torchkm._kernels.centroids import round_to_tf32
 
     values = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * torch.logspace(-20, 20, 10_000)
     rounded = round_to_tf32(values)
