@@ -3,8 +3,11 @@
 #   device tool: `bash scripts/gpu_check.sh [bench args...]` with carry [".whl"] (wheels of faiss-cpu
 #   for the faiss tests, flash-kmeans for the side-by-side benchmark, and tqdm).
 # Installs torchkm over the image's own torch/Triton (no downloads), runs the whole test suite on
-# the GPU (CUDA and compiled-kernel tests included), the quickstart on CUDA, then the Lloyd
-# benchmark. Logs, pictures and JSON go to $OUT. GPU_CHECK_SKIP_TESTS=1 runs the benchmark only.
+# the GPU (CUDA and compiled-kernel tests included), the quickstart on CUDA, then the benchmarks
+# named in BENCHES (default "lloyd vq": bench_lloyd.py with the arguments given here, then
+# bench_vq.py and the VQ-VAE example against vector-quantize-pytorch, whose wheels and those of its
+# dependencies are carried in .whl too). Logs, pictures and JSON go to $OUT.
+# GPU_CHECK_SKIP_TESTS=1 runs the benchmarks only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -24,5 +27,13 @@ if [ "${GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
   status=${PIPESTATUS[0]}
   python3 examples/quickstart.py --device cuda --out "$OUT/quickstart_digits_cuda.png" 2>&1 | tee "$OUT/quickstart_cuda.log"
 fi
-python3 benchmarks/bench_lloyd.py --json "$OUT/bench_lloyd.json" "$@" 2>&1 | tee "$OUT/bench_lloyd.log"
+for bench in ${BENCHES:-lloyd vq}; do
+  case "$bench" in
+    lloyd) python3 benchmarks/bench_lloyd.py --json "$OUT/bench_lloyd.json" "$@" 2>&1 | tee "$OUT/bench_lloyd.log" ;;
+    vq)
+      python3 benchmarks/bench_vq.py --json "$OUT/bench_vq.json" 2>&1 | tee "$OUT/bench_vq.log"
+      python3 examples/vqvae.py --device cuda --compare --out "$OUT/vqvae" 2>&1 | tee "$OUT/vqvae_cuda.log" ;;
+    *) echo "unknown benchmark $bench" >&2; status=1 ;;
+  esac
+done
 exit "$status"

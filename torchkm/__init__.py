@@ -2,6 +2,7 @@
 
 - :func:`torchkm.fit` / :class:`torchkm.KMeans` (an ``nn.Module``) cluster rows of a tensor;
 - :func:`torchkm.assign` labels rows against given centroids;
+- :class:`torchkm.nn.VectorQuantizer` / :class:`torchkm.nn.ResidualVQ` quantize inside a training loop;
 - :mod:`torchkm.sklearn` wraps the same engine as a scikit-learn estimator;
 - ``python -m torchkm`` clusters ``.npy`` / ``.fvecs`` files from the command line.
 """
@@ -10,6 +11,8 @@ from ._loop import ConvergenceWarning, IterationStats
 from ._version import __version__
 from .functional import KMeansResult, assign, fit, transform, update
 from .kmeans import KMeans, NotFittedError
+from . import nn  # noqa: E402  (after kmeans: nn uses the fit loop)
+from .nn import ResidualVQ, VectorQuantizer
 
 __all__ = [
     "ConvergenceWarning",
@@ -17,9 +20,12 @@ __all__ = [
     "KMeans",
     "KMeansResult",
     "NotFittedError",
+    "ResidualVQ",
+    "VectorQuantizer",
     "__version__",
     "assign",
     "fit",
+    "nn",
     "transform",
     "update",
 ]

@@ -321,6 +321,31 @@ def _initial_centroids(
     return _to_data_space(check_centroids(produced, n_clusters, data.n_features, "init(...)"), data)
 
 
+def initial_centroids(
+    x: torch.Tensor,
+    n_clusters: int,
+    *,
+    init: InitLike = "k-means++",
+    metric: str = "euclidean",
+    sample_weight: torch.Tensor | None = None,
+    random_state: SeedLike = None,
+) -> torch.Tensor:
+    """Initial centroids of ``x`` (a validated 2-D tensor) in its own space, without Lloyd iterations:
+    what ``KMeans.partial_fit`` starts from, as scikit-learn's ``MiniBatchKMeans`` does."""
+    check_n_clusters(n_clusters, x.shape[0])
+    dtype = compute_dtype(x.dtype)
+    normalize = metric == "cosine"
+    if normalize:
+        check_nonzero_rows(x)
+    offset = None if normalize else _data_mean(x, dtype, sample_weight)
+    data = DataView(x, dtype, offset, normalize)
+    given = None
+    if not isinstance(init, str) and not callable(init):
+        given = _to_data_space(check_centroids(init, n_clusters, x.shape[1], "init"), data)
+    c = _initial_centroids(init, data, n_clusters, make_generator(random_state), sample_weight, given)
+    return c if offset is None else c + offset
+
+
 def _to_data_space(centroids: torch.Tensor, data: DataView) -> torch.Tensor:
     c = centroids.to(device=data.device, dtype=data.dtype)
     if data.offset is not None:

@@ -22,7 +22,10 @@ from . import _reference
 from ._reference import DataView
 from ._validation import PRECISIONS, compute_dtype
 
-__all__ = ["PRECISIONS", "StepResult", "assign", "lloyd_engine", "lloyd_step", "query_view", "sq_distances_to", "update", "uses_kernels"]
+__all__ = [
+    "PRECISIONS", "StepResult", "assign", "assign_and_sum", "lloyd_engine", "lloyd_step", "query_assign",
+    "query_assign_and_sum", "query_view", "sq_distances_to", "update", "uses_kernels",
+]
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -53,6 +56,22 @@ def assign(data: DataView, centroids: torch.Tensor) -> tuple[torch.Tensor, torch
 
     out = kernel_assign(data.x, centroids, **_kernel_inputs(data))
     return out.labels, out.sq_dist
+
+
+def assign_and_sum(data: DataView, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Labels, squared distances, and per-cluster sums (k, d) and counts (k,) of the transformed
+    rows, float32, in one pass over the data on the kernels."""
+    k = centroids.shape[0]
+    if not uses_kernels(data):
+        labels, sq = _reference.assign(data, centroids)
+        sums, counts = _reference.update(data, labels, k, None)
+        return labels, sq, sums.to(torch.float32), counts.to(torch.float32)
+    from ._kernels.assign import assign as kernel_assign
+
+    sums = torch.zeros(k, data.n_features, dtype=torch.float32, device=data.device)
+    counts = torch.zeros(k, dtype=torch.float32, device=data.device)
+    out = kernel_assign(data.x, centroids, sums=sums, counts=counts, **_kernel_inputs(data))
+    return out.labels, out.sq_dist, sums, counts
 
 
 @dataclass
@@ -155,13 +174,41 @@ def query_view(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision:
     return DataView(x, dtype, offset, False, precision), c - offset
 
 
+# Distances are never computed under autocast: the pure-torch engine's matrix products would
+# otherwise run in bf16/fp16 inside a user's autocast region (the kernels choose their own precision).
+def _autocast_off(x: torch.Tensor) -> torch.autocast:
+    return torch.autocast(x.device.type, enabled=False)
+
+
 @torch.library.triton_op("torchkm::assign", mutates_args=())
 def _assign_op(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    data, c = query_view(x, centroids, metric, precision)
-    labels, sq = assign(data, c)
+    with _autocast_off(x):
+        data, c = query_view(x, centroids, metric, precision)
+        labels, sq = assign(data, c)
     return labels, (sq * 0.5 if metric == "cosine" else sq)
+
+
+@torch.library.triton_op("torchkm::assign_and_sum", mutates_args=())
+def _assign_and_sum_op(
+    x: torch.Tensor, centroids: torch.Tensor, precision: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    with _autocast_off(x):
+        data, c = query_view(x, centroids, "euclidean", precision)
+        labels, sq, sums, counts = assign_and_sum(data, c)
+        # Sums come back in the centred space of the pass; the caller wants raw rows.
+        sums = torch.addr(sums, counts, data.offset.to(torch.float32))
+    return labels, sq, sums, counts
 
 
 def query_assign(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.torchkm.assign``: labels and metric distances of validated queries."""
     return torch.ops.torchkm.assign(x, centroids, metric, precision)
+
+
+def query_assign_and_sum(
+    x: torch.Tensor, centroids: torch.Tensor, precision: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.ops.torchkm.assign_and_sum``: Euclidean labels (int64) and squared distances of the
+    rows of ``x``, with the float32 per-cluster sums (k, d) and counts (k,) of those rows, from one
+    pass over ``x`` on CUDA."""
+    return torch.ops.torchkm.assign_and_sum(x, centroids, precision)

@@ -7,10 +7,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _loop
+from . import _loop, _online, _ops
 from . import functional as F
 from ._loop import InitLike, IterationStats, SeedLike, check_params
-from ._validation import as_data_tensor, check_precision, check_sample_weight
+from ._reference import DataView
+from ._validation import (
+    as_data_tensor,
+    check_nonzero_rows,
+    check_precision,
+    check_sample_weight,
+    compute_dtype,
+)
 
 __all__ = ["KMeans", "NotFittedError"]
 
@@ -19,7 +26,7 @@ class NotFittedError(AttributeError, ValueError):
     """A fitted attribute or a prediction was asked of a KMeans that has not been fitted."""
 
 
-_FITTED_PROPERTIES = frozenset({"cluster_centers_", "inertia_", "n_iter_", "n_features_in_"})
+_FITTED_PROPERTIES = frozenset({"cluster_centers_", "inertia_", "n_iter_", "n_features_in_", "n_steps_"})
 
 
 class KMeans(nn.Module):
@@ -56,6 +63,9 @@ class KMeans(nn.Module):
     Fitted attributes (scikit-learn names): ``cluster_centers_`` (the ``centroids`` buffer),
     ``labels_``, ``inertia_``, ``n_iter_``, ``n_features_in_``, ``history_`` (one
     :class:`IterationStats` per iteration of the kept run) and ``converged_``.
+
+    :meth:`partial_fit` runs online (mini-batch) k-means instead, one batch per call, with
+    scikit-learn's ``MiniBatchKMeans.partial_fit`` update; it also sets ``n_steps_``.
 
     The centroids are a registered buffer, so ``state_dict()`` / ``load_state_dict()`` (also into a
     fresh, unfitted module), ``.to(device)`` and ``.half()`` behave as for any module. ``labels_``
@@ -101,6 +111,9 @@ class KMeans(nn.Module):
         self._n_iter: int | None = None
         self.history_: list[IterationStats] = []
         self.converged_: bool | None = None
+        # Online k-means: total weight assigned to each cluster so far (partial_fit's learning rates).
+        self._cluster_weight: torch.Tensor | None = None
+        self._n_steps = 0
 
     # -- fitted state ---------------------------------------------------------------------------
 
@@ -137,6 +150,12 @@ class KMeans(nn.Module):
         return self._n_iter
 
     @property
+    def n_steps_(self) -> int:
+        """Number of :meth:`partial_fit` batches processed."""
+        self._require_fitted("reading n_steps_")
+        return self._n_steps
+
+    @property
     def n_features_in_(self) -> int:
         self._require_fitted("reading n_features_in_")
         return self.centroids.shape[1]
@@ -157,7 +176,66 @@ class KMeans(nn.Module):
         self._n_iter = out.n_iter
         self.history_ = out.history
         self.converged_ = out.converged
+        self._cluster_weight = None
+        self._n_steps = 0
         return self
+
+    @torch.no_grad()
+    def partial_fit(self, x: Any, sample_weight: Any = None) -> KMeans:
+        """Update the centroids with one mini-batch ``x`` (online k-means); returns self.
+
+        scikit-learn's ``MiniBatchKMeans.partial_fit`` semantics: the first call on an unfitted
+        model initialises the centroids from that batch with ``init`` (no Lloyd iterations; the batch
+        needs at least ``n_clusters`` rows). Every call then assigns the batch to the nearest
+        centroids and moves each centroid to the weighted mean of all rows ever assigned to it (a
+        per-cluster learning rate of batch weight over total weight); clusters that received no
+        weight yet keep their position. After :meth:`fit`, the fitted clusters' sizes seed those
+        totals, so later batches refine the fit instead of replacing it. Unlike scikit-learn, small
+        clusters are not randomly reassigned. For ``metric="cosine"`` the sums are of unit rows and
+        the centroids are renormalised (online spherical k-means). This is the update of
+        :class:`torchkm.nn.VectorQuantizer` without a decay.
+
+        Sets ``labels_`` and ``inertia_`` for this batch, and counts ``n_steps_``.
+        """
+        x = as_data_tensor(x, "x")
+        if self.is_fitted and x.shape[1] != self.centroids.shape[1]:
+            raise ValueError(f"x has {x.shape[1]} features, but this KMeans was fitted on {self.centroids.shape[1]}")
+        dtype = compute_dtype(x.dtype)
+        w = check_sample_weight(sample_weight, x, dtype)
+        normalize = self.metric == "cosine"
+        if normalize:
+            check_nonzero_rows(x)
+        if not self.is_fitted:
+            generator = self.random_state
+            self.centroids = _loop.initial_centroids(x, self.n_clusters, init=self.init, metric=self.metric,
+                                                     sample_weight=w, random_state=generator).to(dtype)
+            self._cluster_weight = torch.zeros(self.n_clusters, dtype=dtype, device=x.device)
+        elif self._cluster_weight is None:
+            self._cluster_weight = self._fitted_cluster_weight()
+        centroids = self.centroids.to(device=x.device, dtype=dtype)
+        weight = self._cluster_weight.to(device=x.device, dtype=dtype, copy=True)  # may be shared with a state dict
+        labels, _ = F.assign(x, centroids, metric=self.metric, precision=self.precision)
+        sums, counts = _ops.update(DataView(x, dtype, None, normalize), labels, self.n_clusters, w,
+                                   deterministic=bool(self.deterministic))
+        embed_sum = centroids * weight.unsqueeze(1)
+        _online.accumulate(weight, embed_sum, counts, sums, decay=None)
+        self.centroids = _online.centroids_from_stats(embed_sum, weight, centroids, normalize=normalize)
+        self._cluster_weight = weight
+        # As scikit-learn: labels and inertia of the batch against the updated centroids.
+        self.labels_, dist = F.assign(x, self.centroids, metric=self.metric, precision=self.precision)
+        self._inertia = float(dist.sum() if w is None else dist @ w)
+        self._n_steps += 1
+        if not self.history_:  # built by partial_fit alone: its iterations are its steps
+            self._n_iter = self._n_steps
+        return self
+
+    def _fitted_cluster_weight(self) -> torch.Tensor:
+        """Cluster sizes of the last ``fit`` (its labels), or zeros for centroids loaded from a state dict."""
+        weight = torch.zeros(self.n_clusters, dtype=self.centroids.dtype, device=self.centroids.device)
+        if self.labels_ is not None and self.labels_.numel():
+            labels = self.labels_.to(weight.device)
+            weight.scatter_add_(0, labels, torch.ones_like(labels, dtype=weight.dtype))
+        return weight
 
     def fit_predict(self, x: Any, sample_weight: Any = None) -> torch.Tensor:
         """Fit, then return the training labels (they match the fitted centroids)."""
@@ -200,7 +278,8 @@ class KMeans(nn.Module):
 
     def get_extra_state(self) -> dict[str, Any]:
         return {"n_clusters": self.n_clusters, "metric": self.metric, "inertia_": self._inertia,
-                "n_iter_": self._n_iter, "converged_": self.converged_}
+                "n_iter_": self._n_iter, "converged_": self.converged_,
+                "cluster_weight": self._cluster_weight, "n_steps_": self._n_steps}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         if state.get("metric", self.metric) != self.metric:
@@ -208,6 +287,9 @@ class KMeans(nn.Module):
         self._inertia = state.get("inertia_")
         self._n_iter = state.get("n_iter_")
         self.converged_ = state.get("converged_")
+        weight = state.get("cluster_weight")
+        self._cluster_weight = None if weight is None else weight.to(self.centroids.device, copy=True)
+        self._n_steps = state.get("n_steps_", 0)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # type: ignore[override]
         key = prefix + "centroids"

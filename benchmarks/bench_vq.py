@@ -1,0 +1,192 @@
+"""Forward + backward of a vector-quantization layer in training mode on the GPU: torchkm.nn.VectorQuantizer
+vs vector-quantize-pytorch, a plain torch layer, and the FLOP floor.
+
+One step = forward of a (32,768, 256) batch through the layer in training mode (assignment, EMA codebook
+update), then backward of ``quantized.square().mean() + loss`` to the input. Inputs are fp32, or bf16 as
+they arrive from an encoder under ``torch.autocast(dtype=bfloat16)`` (the step runs under autocast).
+
+Correctness first, on fresh random data each run: the layer's indices on a poisoned-free fresh module are
+checked against a float64 argmin over the codebook it used (exact mode: equal except near-ties; fast mode:
+the fraction that differs is printed), and its EMA statistics against torch's one-hot sums; only then is
+anything timed (CUDA events via triton.testing.do_bench, median).
+
+Peers: vector-quantize-pytorch ``VectorQuantize(dim, codebook_size)`` with its defaults (decay 0.8, rotation
+trick gradients, as users run it; carry its wheel and those of einops, einx, frozendict, loguru and
+torch-einops-utils), and ``torch-dense``: a straightforward torch layer (one n x k matmul, argmin,
+embedding, one-hot EMA update). Floor: 2 n k d FLOPs at the measured tf32 (fp32 input) or bf16 GEMM rate.
+
+    python benchmarks/bench_vq.py --json out/bench_vq.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+import torchkm
+
+WORKLOADS = [(32_768, 256, 8192), (32_768, 256, 65_536)]  # (n, dim, codes): issue 5
+
+
+def ms(fn) -> float:
+    return float(do_bench(fn, warmup=5, rep=40, return_mode="median"))
+
+
+def gemm_rates() -> dict[str, float]:
+    a = torch.randn(8192, 8192, device="cuda")
+    b = torch.randn(8192, 8192, device="cuda")
+    flops = 2 * 8192**3
+    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32 = flops / (ms(lambda: a @ b) * 1e-3) / 1e12
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ah, bh = a.bfloat16(), b.bfloat16()
+    bf16 = flops / (ms(lambda: ah @ bh) * 1e-3) / 1e12
+    return {"tf32_TFLOPs": tf32, "bf16_TFLOPs": bf16}
+
+
+class TorchDenseVQ(torch.nn.Module):
+    """The layer a user writes in plain torch: full distance matrix, argmin, EMA by one-hot sums."""
+
+    def __init__(self, codebook: torch.Tensor, decay: float = 0.99, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.register_buffer("codebook", codebook.clone())
+        self.register_buffer("embed_sum", codebook.clone())
+        self.register_buffer("cluster_size", torch.ones(codebook.shape[0], device=codebook.device))
+        self.decay, self.eps = decay, eps
+
+    def forward(self, x: torch.Tensor):
+        flat = x.reshape(-1, x.shape[-1]).float()
+        with torch.no_grad():
+            c = self.codebook
+            idx = torch.addmm((c * c).sum(1), flat, c.T, alpha=-2.0).argmin(1)
+            counts = torch.zeros_like(self.cluster_size).index_add_(0, idx, torch.ones_like(idx, dtype=torch.float32))
+            sums = torch.zeros_like(self.embed_sum).index_add_(0, idx, flat)
+            self.cluster_size.lerp_(counts, 1 - self.decay)
+            self.embed_sum.lerp_(sums, 1 - self.decay)
+            total = self.cluster_size.sum()
+            size = (self.cluster_size + self.eps) / (total + c.shape[0] * self.eps) * total
+            self.codebook.copy_(self.embed_sum / size[:, None])
+        codes = c[idx]
+        loss = 0.25 * torch.nn.functional.mse_loss(flat, codes)
+        quantized = flat + (codes - flat).detach()
+        return quantized.view_as(x).to(x.dtype), idx.view(x.shape[:-1]), loss
+
+
+def make_layer(library: str, codebook: torch.Tensor):
+    k, dim = codebook.shape
+    if library.startswith("torchkm"):
+        precision = library.split("-")[1]
+        layer = torchkm.nn.VectorQuantizer(k, dim, kmeans_init=False, precision=precision)
+        with torch.no_grad():
+            layer.codebook.copy_(codebook)
+            layer.embed_sum.copy_(codebook)
+        return layer.cuda()
+    if library == "torch-dense":
+        return TorchDenseVQ(codebook)
+    from vector_quantize_pytorch import VectorQuantize
+
+    layer = VectorQuantize(dim=dim, codebook_size=k).cuda()
+    with torch.no_grad():
+        layer._codebook.embed.copy_(codebook[None])
+        layer._codebook.embed_avg.copy_(codebook[None])
+    return layer
+
+
+def step_fn(layer, x: torch.Tensor, dtype: torch.dtype):
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            quantized, _, loss = layer(x)
+            (quantized.float().square().mean() + loss).backward()
+        x.grad = None
+    return step
+
+
+def check(library: str, x: torch.Tensor, codebook: torch.Tensor, dtype: torch.dtype) -> dict:
+    """Indices of one training step against a float64 argmin over the codebook it started from, and the
+    EMA size update against a one-hot count of those indices."""
+    layer = make_layer(library, codebook)
+    before = codebook.clone()
+    size_before = torch.ones(codebook.shape[0], device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        _, idx, _ = layer(x)
+    idx = idx.reshape(-1)
+    sample = torch.randperm(x.shape[0], device="cuda")[:4096]
+    rows = x.detach().reshape(-1, x.shape[-1])[sample].double()
+    d = torch.cdist(rows, before.double()).square()
+    best = d.min(1)
+    chosen = d.gather(1, idx[sample, None]).squeeze(1)
+    gap = chosen - best.values
+    # fp32 rounding of ||x||^2 - 2 x.c + ||c||^2 bounds what counts as a near-tie.
+    tie = 1e-5 * (rows.square().sum(1) + before.double().square().sum(1).max())
+    out = {"differs": float((idx[sample] != best.indices).float().mean()),
+           "beyond_ties": float((gap > tie).float().mean())}
+    if library.startswith("torchkm"):
+        counts = torch.bincount(idx, minlength=codebook.shape[0]).float()
+        want = size_before.lerp(counts, 1 - layer.decay)
+        out["ema_size_err"] = float((layer.cluster_size - want).abs().max())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--libraries", nargs="*", default=["torchkm-exact", "torchkm-fast", "torch-dense", "vector-quantize-pytorch"])
+    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    args = parser.parse_args()
+
+    rates = gemm_rates()
+    try:
+        import vector_quantize_pytorch
+        vqp_version = getattr(vector_quantize_pytorch, "__version__", None)
+        if vqp_version is None:
+            from importlib.metadata import version
+            vqp_version = version("vector-quantize-pytorch")
+    except ImportError:
+        vqp_version = None
+        args.libraries = [lib for lib in args.libraries if lib != "vector-quantize-pytorch"]
+    meta = {
+        "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "triton": triton.__version__, "vector_quantize_pytorch": vqp_version, "python": platform.python_version(), **rates,
+    }
+    print(json.dumps(meta))
+    rows = []
+    print(f"{'n x dim, codes':<22}{'dtype':<10}{'library':<26}{'ms/step':>9}{'x floor':>9}{'vqp/this':>9}  check")
+    for n, dim, k in WORKLOADS:
+        for dtype_name in args.dtypes:
+            dtype = getattr(torch, dtype_name)
+            rate = rates["bf16_TFLOPs" if dtype == torch.bfloat16 else "tf32_TFLOPs"]
+            floor = 2 * n * k * dim / (rate * 1e12) * 1e3
+            x = torch.randn(n, dim, device="cuda", dtype=dtype).requires_grad_(True)
+            codebook = torch.randn(k, dim, device="cuda")
+            group = []
+            for library in args.libraries:
+                checked = check(library, x, codebook, dtype)
+                layer = make_layer(library, codebook)
+                try:
+                    t = ms(step_fn(layer, x, dtype))
+                except torch.OutOfMemoryError:
+                    t = float("nan")
+                del layer
+                torch.cuda.empty_cache()
+                group.append({"n": n, "dim": dim, "codes": k, "dtype": dtype_name, "library": library, "ms": t,
+                              "floor_ms": floor, "check": checked})
+            peer = next((r["ms"] for r in group if r["library"] == "vector-quantize-pytorch"), float("nan"))
+            for r in group:
+                r["speedup_vs_vqp"] = peer / r["ms"]
+                print(f"{f'{n:,} x {dim}, {k:,}':<22}{dtype_name:<10}{r['library']:<26}{r['ms']:>9.3f}"
+                      f"{r['ms'] / floor:>9.2f}{r['speedup_vs_vqp']:>9.2f}  "
+                      + ", ".join(f"{key} {value:.2e}" for key, value in r["check"].items()))
+            rows += group
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,407 @@
+"""torchkm.nn: VectorQuantizer and ResidualVQ against float64 oracles and hand-computed updates."""
+
+import copy
+import datetime
+import faulthandler
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import torchkm
+from torchkm.nn import ResidualVQ, VectorQuantizer, perplexity
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _nearest(x, codebook):
+    """float64 nearest code of every row (lowest index on ties)."""
+    x64 = x.detach().double().reshape(-1, codebook.shape[1])
+    d = torch.cdist(x64, codebook.detach().double()) ** 2
+    return d.argmin(1)
+
+
+def _batch(seed, n, d, device="cpu", scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, d, generator=g) * scale).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(7, 3), (2, 5, 3), (2, 3, 4, 3), (3,)])
+def test_any_leading_shape_gives_nearest_codes(device, shape):
+    vq = VectorQuantizer(5, 3, kmeans_init=False).to(device).eval()
+    x = torch.randn(*shape, device=device)
+    quantized, indices, loss = vq(x)
+    assert quantized.shape == x.shape and quantized.dtype == x.dtype
+    assert indices.shape == x.shape[:-1] and indices.dtype == torch.int64
+    assert torch.equal(indices.reshape(-1).cpu(), _nearest(x, vq.codebook).cpu())
+    torch.testing.assert_close(quantized, vq.get_codes_from_indices(indices))
+    expected = ((x - quantized) ** 2).mean() * vq.commitment_weight
+    torch.testing.assert_close(loss, expected)
+
+
+def test_gradient_passes_straight_through():
+    vq = VectorQuantizer(8, 4, kmeans_init=False)
+    x = torch.randn(10, 4, requires_grad=True)
+    quantized, _, loss = vq(x)
+    upstream = torch.randn(10, 4)
+    (quantized * upstream).sum().backward()
+    torch.testing.assert_close(x.grad, upstream)
+    x.grad = None
+    quantized, _, loss = vq(x)
+    loss.backward()
+    # d/dx of beta * mean ||x - sg(q)||^2
+    torch.testing.assert_close(x.grad, 2 * vq.commitment_weight * (x - quantized).detach() / x.numel())
+
+
+def test_ema_step_matches_hand_computation():
+    torch.manual_seed(0)
+    vq = VectorQuantizer(6, 3, kmeans_init=False, decay=0.9, eps=1e-5)
+    before = {name: buf.clone() for name, buf in vq.named_buffers()}
+    x = torch.randn(50, 3)
+    _, indices, _ = vq(x)
+    onehot = torch.nn.functional.one_hot(indices, 6).float()
+    counts, sums = onehot.sum(0), onehot.T @ x
+    size = before["cluster_size"] * 0.9 + counts * 0.1
+    embed_sum = before["embed_sum"] * 0.9 + sums * 0.1
+    total = size.sum()
+    smoothed = (size + 1e-5) / (total + 6e-5) * total
+    torch.testing.assert_close(vq.cluster_size, size)
+    torch.testing.assert_close(vq.embed_sum, embed_sum)
+    torch.testing.assert_close(vq.codebook, embed_sum / smoothed[:, None])
+    assert torch.equal(indices, _nearest(x, before["codebook"]))  # assigned against the old codebook
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kmeans_init_is_torchkm_fit_of_the_first_batch(device):
+    x = _batch(1, 200, 4, device)
+    vq = VectorQuantizer(10, 4, seed=3, kmeans_iters=7).to(device)
+    assert not bool(vq.initialized)
+    before = copy.deepcopy(vq)
+    before.initialize(x)
+    fitted = torchkm.fit(x, 10, max_iter=7, random_state=3)
+    torch.testing.assert_close(before.codebook, fitted.centroids)
+    counts = torch.bincount(fitted.labels, minlength=10).float()
+    torch.testing.assert_close(before.cluster_size, counts)
+    vq(x)
+    assert bool(vq.initialized) and vq._initialized
+
+
+def test_kmeans_init_pools_small_batches():
+    vq = VectorQuantizer(30, 2, seed=0)
+    batches = [_batch(i, 12, 2) for i in range(3)]
+    vq(batches[0])
+    vq(batches[1])
+    assert not vq._initialized  # 24 < 30 vectors so far: no update yet
+    assert torch.equal(vq.cluster_size, torch.ones(30))
+    vq(batches[2])
+    assert vq._initialized
+    # each pooled batch counts as one step: sizes are per-step averages
+    assert vq.cluster_size.sum().item() == pytest.approx(36 / 3 * 0.99 + 12 * 0.01, rel=1e-5)
+
+
+def test_dead_codes_move_onto_batch_vectors():
+    torch.manual_seed(0)
+    vq = VectorQuantizer(8, 2, kmeans_init=False, dead_code_threshold=0.5, decay=0.5)
+    with torch.no_grad():
+        vq.codebook[4:] += 100.0  # four codes far from every input: never chosen
+        vq.embed_sum.copy_(vq.codebook)
+    x = torch.randn(64, 2)
+    for _ in range(3):
+        vq(x)
+    assert vq.dead_codes.item() == 0
+    rows = {tuple(r) for r in x.tolist()}
+    moved = [tuple(c) for c in vq.codebook[4:].tolist()]
+    assert all(c in rows for c in moved) or vq.codebook[4:].abs().max() < 10
+
+
+def test_cosine_codebook_and_outputs_are_unit():
+    vq = VectorQuantizer(12, 5, metric="cosine", seed=0)
+    x = _batch(0, 100, 5, scale=3.0)
+    for _ in range(3):
+        quantized, indices, _ = vq(x)
+    torch.testing.assert_close(vq.codebook.norm(dim=1), torch.ones(12))
+    torch.testing.assert_close(quantized.norm(dim=1), torch.ones(100))
+    vq.eval()
+    _, indices = vq(x)[:2]
+    unit = torch.nn.functional.normalize(x, dim=1)
+    assert torch.equal(indices, (unit @ vq.codebook.T).argmax(1))
+
+
+def test_learnable_codebook_trains_by_gradient_not_ema():
+    torch.manual_seed(0)
+    vq = VectorQuantizer(6, 3, learnable_codebook=True, kmeans_init=False)
+    assert isinstance(vq.codebook, nn.Parameter) and "codebook" in dict(vq.named_parameters())
+    x = torch.randn(40, 3)
+    start = vq.codebook.detach().clone()
+    out, parts = vq(x, return_loss_breakdown=True)
+    assert torch.equal(vq.codebook.detach(), start)  # no EMA
+    torch.testing.assert_close(parts.codebook, ((vq.codebook[out.indices] - x) ** 2).mean())
+    out.loss.backward()
+    assert vq.codebook.grad is not None and vq.codebook.grad.abs().sum() > 0
+    optimizer = torch.optim.SGD(vq.parameters(), lr=1.0)
+    losses = []
+    for _ in range(20):
+        optimizer.zero_grad()
+        out, parts = vq(x, return_loss_breakdown=True)
+        out.loss.backward()
+        optimizer.step()
+        losses.append(parts.codebook.item())
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_residual_vq_sums_codes_and_shrinks_error():
+    torch.manual_seed(0)
+    x = torch.randn(4, 60, 6)
+    errors = []
+    for layers in (1, 2, 4):
+        rvq = ResidualVQ(layers, 16, 6, seed=0)
+        for _ in range(3):
+            out = rvq(x)
+        rvq.eval()
+        out = rvq(x)
+        assert out.indices.shape == (4, 60, layers)
+        torch.testing.assert_close(out.quantized, rvq.get_output_from_indices(out.indices), atol=1e-5, rtol=1e-5)
+        assert rvq.get_codes_from_indices(out.indices).shape == (4, 60, layers, 6)
+        errors.append(((out.quantized - x) ** 2).mean().item())
+    assert errors[0] > errors[1] > errors[2]
+    x.requires_grad_(True)
+    out = ResidualVQ(3, 8, 6, seed=0)(x)
+    out.quantized.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))  # one straight-through path, not three
+
+
+def test_state_dict_resumes_training_exactly():
+    torch.manual_seed(0)
+    vq = VectorQuantizer(16, 4, seed=0)
+    batches = [_batch(i, 64, 4) for i in range(6)]
+    for b in batches[:3]:
+        vq(b)
+    state = copy.deepcopy(vq.state_dict())
+    resumed = VectorQuantizer(16, 4, seed=0)
+    assert not resumed._initialized
+    resumed.load_state_dict(state)
+    assert resumed._initialized
+    for b in batches[3:]:
+        vq(b)
+        resumed(b)
+    for (name, a), (_, b) in zip(vq.named_buffers(), resumed.named_buffers()):
+        assert torch.equal(a, b), name
+
+
+def test_compiles_fullgraph_and_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    vq = VectorQuantizer(16, 8, seed=0)
+    vq(_batch(0, 64, 8))  # initialise eagerly
+    eager = copy.deepcopy(vq)
+    compiled = torch.compile(vq, fullgraph=True, backend="aot_eager")
+    for i in range(1, 4):
+        x = _batch(i, 64, 8).requires_grad_(True)
+        got, want = compiled(x), eager(x)
+        assert torch.equal(got.indices, want.indices)
+        torch.testing.assert_close(got.loss, want.loss)
+    torch.testing.assert_close(vq.codebook, eager.codebook)
+    # dead-code replacement and eval mode trace too
+    revive = VectorQuantizer(16, 8, seed=0, dead_code_threshold=0.5)
+    revive(_batch(0, 64, 8))
+    torch.compile(revive, fullgraph=True, backend="aot_eager")(_batch(5, 64, 8))
+    revive.eval()
+    torch.compile(revive, fullgraph=True, backend="aot_eager")(_batch(5, 64, 8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_keeps_codebook_statistics_in_fp32(device, dtype):
+    if device == "cpu" and dtype == torch.float16:
+        pytest.skip("CPU autocast is bf16")
+    torch.manual_seed(0)
+    encoder = nn.Linear(8, 8).to(device)
+    vq = VectorQuantizer(16, 8, seed=0).to(device)
+    x = torch.randn(128, 8, device=device)
+    with torch.autocast(device, dtype=dtype):
+        vq(encoder(x))
+        codebook = vq.codebook.clone()
+        z = encoder(x)
+        quantized, indices, loss = vq(z)
+    assert z.dtype == dtype and quantized.dtype == dtype and loss.dtype == torch.float32
+    for name, buf in vq.named_buffers():
+        if buf.is_floating_point():
+            assert buf.dtype == torch.float32, name
+    assert torch.equal(indices.cpu(), _nearest(z.float(), codebook).cpu())
+    loss.backward()
+    assert encoder.weight.grad is not None
+
+
+def test_bad_input_and_parameters_are_rejected():
+    vq = VectorQuantizer(4, 3)
+    with pytest.raises(ValueError, match=r"\(\.\.\., 3\)"):
+        vq(torch.randn(5, 4))
+    with pytest.raises(TypeError, match="floating-point"):
+        vq(torch.ones(5, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="num_codes"):
+        VectorQuantizer(0, 3)
+    with pytest.raises(ValueError, match="decay"):
+        VectorQuantizer(4, 3, decay=1.0)
+    with pytest.raises(ValueError, match="metric"):
+        VectorQuantizer(4, 3, metric="manhattan")
+    with pytest.raises(ValueError, match="precision"):
+        VectorQuantizer(4, 3, precision="tf32")
+    with pytest.raises(TypeError, match="integer"):
+        vq.get_codes_from_indices(torch.zeros(3))
+    with pytest.raises(ValueError, match="quantizers"):
+        ResidualVQ(2, 4, 3).get_codes_from_indices(torch.zeros(5, 3, dtype=torch.int64))
+
+
+def test_perplexity():
+    assert perplexity(torch.ones(8)).item() == pytest.approx(8.0)
+    assert perplexity(torch.tensor([5.0, 0.0, 0.0])).item() == pytest.approx(1.0)
+    assert perplexity(torch.tensor([0, 1, 2, 3]), 4).item() == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        perplexity(torch.tensor([0, 1]))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="Triton kernels need a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_training_steps_through_kernels_match_torch_engine(monkeypatch, precision):
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    batches = [_batch(i, 77, 17, device) + 5.0 for i in range(3)]
+    runs = {}
+    for engine in ("torch", "triton"):
+        monkeypatch.setenv("TORCHKM_ENGINE", engine)
+        vq = VectorQuantizer(7, 17, seed=0, precision=precision).to(device)
+        indices = [vq(b).indices for b in batches]
+        runs[engine] = (vq, indices)
+    (ref, ref_idx), (got, got_idx) = runs["torch"], runs["triton"]
+    if precision == "exact" or device == "cpu":
+        for a, b in zip(got_idx, ref_idx):
+            assert torch.equal(a, b)
+    torch.testing.assert_close(got.codebook, ref.codebook, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.cluster_size, ref.cluster_size)
+
+
+# -- torch.distributed (gloo, two CPU processes) ----------------------------------------------------
+
+
+def _ddp_worker(rank: int, world: int, init_file: str, out_dir: str, threshold: float) -> None:
+    faulthandler.dump_traceback_later(90, exit=True)  # a hung rank shows where it hangs, then ends
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.manual_seed(100 + rank)  # ranks draw different replacement rows: the collective must agree
+        encoder = nn.Linear(4, 4)
+        torch.nn.init.eye_(encoder.weight)
+        torch.nn.init.zeros_(encoder.bias)
+        vq = VectorQuantizer(12, 4, seed=0, dead_code_threshold=threshold, decay=0.8)
+        # No buffer broadcast: the quantizer's own collective must keep the codebooks equal.
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(encoder, vq), broadcast_buffers=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(4):
+            x = _batch(10 * step + rank, 40, 4)
+            quantized, _, loss = model(x)
+            optimizer.zero_grad()
+            (loss + quantized.square().mean()).backward()
+            optimizer.step()
+        torch.save({k: v.clone() for k, v in vq.state_dict().items()} | {"weight": encoder.weight.detach().clone()},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+        # DDP's reducer must go before its process group: torn down the other way round, with the
+        # frame's locals, it can block the process forever (seen once in a full-suite run).
+        del model, optimizer
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)  # nothing left to tear down that matters; never hang on exit
+
+
+@pytest.mark.parametrize("threshold", [0.0, 2.0])
+def test_ddp_ranks_hold_one_codebook(tmp_path, threshold):
+    context = mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path), threshold), nprocs=2,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 180  # a hung rendezvous must fail the test, never stall CI
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the two gloo ranks did not finish within 180 s")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    for key in ("codebook", "cluster_size", "embed_sum", "initialized", "weight"):
+        assert torch.equal(r0[key], r1[key]), key
+    if threshold:
+        return
+    # Without random replacements, two ranks equal one process that sees both halves of each batch.
+    torch.manual_seed(0)
+    encoder = nn.Linear(4, 4)
+    torch.nn.init.eye_(encoder.weight)
+    torch.nn.init.zeros_(encoder.bias)
+    vq = VectorQuantizer(12, 4, seed=0, decay=0.8)
+    model = nn.Sequential(encoder, vq)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        x = torch.cat([_batch(10 * step + r, 40, 4) for r in range(2)])
+        quantized, _, loss = model(x)
+        optimizer.zero_grad()
+        (loss + quantized.square().mean()).backward()
+        optimizer.step()
+    torch.testing.assert_close(r0["codebook"], vq.codebook, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(r0["cluster_size"], vq.cluster_size * 1.0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(r0["weight"], encoder.weight.detach(), rtol=1e-5, atol=1e-5)
+
+
+# -- KMeans.partial_fit -----------------------------------------------------------------------------
+
+
+def test_partial_fit_matches_scikit_learn_minibatch():
+    sklearn_cluster = pytest.importorskip("sklearn.cluster")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 5)).astype(np.float32)
+    w = rng.random(3000).astype(np.float32)
+    init = x[:8].copy()
+    ref = sklearn_cluster.MiniBatchKMeans(8, init=init, n_init=1, reassignment_ratio=0.0)
+    km = torchkm.KMeans(8, init=torch.from_numpy(init))
+    for i in range(10):
+        rows = slice(300 * i, 300 * (i + 1))
+        ref.partial_fit(x[rows], sample_weight=w[rows])
+        assert km.partial_fit(x[rows], sample_weight=w[rows]) is km
+    np.testing.assert_allclose(km.cluster_centers_.numpy(), ref.cluster_centers_, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(km.labels_.numpy(), ref.labels_)
+    assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-5)
+    assert km.n_steps_ == ref.n_steps_ == 10
+
+
+def test_partial_fit_initialises_refines_and_resumes():
+    x = torch.from_numpy(np.random.default_rng(1).normal(size=(2000, 3)).astype(np.float32))
+    km = torchkm.KMeans(5, random_state=0)
+    with pytest.raises(ValueError):
+        km.partial_fit(x[:3])  # fewer rows than clusters for the initialisation
+    km.partial_fit(x[:400])
+    first = km.cluster_centers_.clone()
+    state = copy.deepcopy(km.state_dict())
+    km.partial_fit(x[400:800])
+    resumed = torchkm.KMeans(5)
+    resumed.load_state_dict(state)
+    resumed.partial_fit(x[400:800])
+    assert torch.equal(resumed.cluster_centers_, km.cluster_centers_)
+    assert resumed.n_steps_ == km.n_steps_ == 2
+    assert not torch.equal(first, km.cluster_centers_)
+    # After fit, batches refine the fitted centroids instead of replacing them.
+    fitted = torchkm.KMeans(5, random_state=0).fit(x)
+    before = fitted.cluster_centers_.clone()
+    fitted.partial_fit(x[:200])
+    assert (fitted.cluster_centers_ - before).abs().max() < 0.1
+    with pytest.raises(ValueError, match="features"):
+        fitted.partial_fit(torch.randn(10, 4))
+
+
+def test_partial_fit_cosine_keeps_unit_centroids():
+    x = torch.randn(500, 4)
+    km = torchkm.KMeans(3, metric="cosine", random_state=0)
+    for i in range(5):
+        km.partial_fit(x[100 * i : 100 * (i + 1)])
+    torch.testing.assert_close(km.cluster_centers_.norm(dim=1), torch.ones(3))

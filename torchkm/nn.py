@@ -1,0 +1,406 @@
+"""``torchkm.nn``: vector-quantization layers for training loops, on torchkm's kernels.
+
+:class:`VectorQuantizer` maps every vector of its input to the nearest of ``num_codes`` codebook
+vectors, with straight-through gradients, and keeps its codebook up to date while it trains:
+
+- codebook state lives in buffers (``codebook``, ``cluster_size``, ``embed_sum``), so
+  ``state_dict`` saves and resumes training exactly;
+- the codebook starts from a k-means fit (torchkm's own) of the first training batch(es);
+- each training step finds the nearest codes and the per-code sums of the batch in one fused pass on
+  CUDA (never a batch x codes distance matrix), then moves the codebook by exponential moving
+  averages with Laplace smoothing (the same update as ``KMeans.partial_fit``, with a decay);
+- codes whose average usage falls below ``dead_code_threshold`` are moved onto random batch vectors;
+- under ``torch.distributed`` the per-code statistics are all-reduced in one collective per step, so
+  every rank holds the same codebook;
+- nothing in the training step synchronises with the host, and ``torch.compile(fullgraph=True)``
+  traces it whole once the codebook is initialised.
+
+:class:`ResidualVQ` chains several quantizers on successive residuals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _online, _ops
+from ._loop import fit as _kmeans_fit
+from ._validation import check_precision
+
+__all__ = ["ResidualVQ", "VQLosses", "VQOutput", "VectorQuantizer", "perplexity"]
+
+logger = logging.getLogger("torchkm")
+
+_METRICS = ("euclidean", "cosine")
+
+
+class VQOutput(NamedTuple):
+    """What a quantizer's forward returns; unpacks as ``quantized, indices, loss``."""
+
+    quantized: torch.Tensor  # like the input (same shape and dtype), straight-through gradients
+    indices: torch.Tensor  # int64, the input's shape without its last dimension (plus quantizers for RVQ)
+    loss: torch.Tensor  # 0-d float32: commitment_weight * commitment + codebook loss
+
+
+class VQLosses(NamedTuple):
+    """The terms of ``VQOutput.loss``, unweighted (``return_loss_breakdown=True``)."""
+
+    commitment: torch.Tensor  # mean squared distance of inputs to their (detached) codes
+    codebook: torch.Tensor  # mean squared distance of codes to the (detached) inputs; 0 unless learned
+
+
+def perplexity(counts_or_indices: torch.Tensor, num_codes: int | None = None) -> torch.Tensor:
+    """Perplexity ``exp(entropy)`` of code usage: ``num_codes`` when all codes are used equally, 1 when
+    one code takes everything.
+
+    Pass per-code counts (float, shape (num_codes,)), e.g. a quantizer's ``cluster_size``, or integer
+    indices together with ``num_codes``.
+    """
+    if not counts_or_indices.is_floating_point():
+        if num_codes is None:
+            raise ValueError("pass num_codes along with integer indices")
+        idx = counts_or_indices.reshape(-1)
+        counts = torch.zeros(num_codes, dtype=torch.float32, device=idx.device)
+        counts.scatter_add_(0, idx, torch.ones_like(idx, dtype=torch.float32))
+    else:
+        counts = counts_or_indices.float()
+    p = counts / counts.sum().clamp_min(1e-30)
+    return torch.exp(-(p * torch.log(p.clamp_min(1e-30))).sum())
+
+
+def _distributed() -> bool:
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
+
+
+def _gather_rows(rows: torch.Tensor) -> torch.Tensor:
+    """All ranks' ``rows`` (n_r, d), concatenated in rank order, on every rank."""
+    dist = torch.distributed
+    size = torch.tensor([rows.shape[0]], device=rows.device)
+    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    counts = [int(s) for s in sizes]
+    padded = rows.new_zeros(max(counts), rows.shape[1])
+    padded[: rows.shape[0]] = rows
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:c] for p, c in zip(parts, counts)])
+
+
+class VectorQuantizer(nn.Module):
+    """Vector quantization with a k-means codebook (VQ-VAE, audio/image tokenizers).
+
+    ``forward(x)`` takes any tensor whose last dimension is ``dim`` (``(B, ..., dim)``) and returns
+    :class:`VQOutput` ``(quantized, indices, loss)``: the nearest code of every vector (same shape and
+    dtype as ``x``; its gradient passes straight through to ``x``), the code indices (int64, shape
+    ``x.shape[:-1]``), and the loss to add to the model's (0-d float32).
+
+    Args:
+        num_codes: codebook size k.
+        dim: vector dimension (the input's last dimension).
+        metric: ``"euclidean"`` (default) or ``"cosine"``: inputs and codes are L2-normalised and the
+            quantized output is the unit code (as in vector-quantize-pytorch's ``use_cosine_sim``).
+        commitment_weight: weight of the commitment loss ``mean ||x - sg(code)||^2`` (VQ-VAE's beta).
+        learnable_codebook: ``False`` (default): the codebook moves by exponential moving averages of
+            the vectors assigned to each code and receives no gradient. ``True``: the codebook is an
+            ``nn.Parameter`` trained by your optimizer through the codebook loss
+            ``mean ||sg(x) - code||^2`` (added to ``loss`` with weight 1); no EMA.
+        decay: EMA decay of the code sizes and sums (VQ-VAE: 0.99).
+        eps: Laplace smoothing of the code sizes in the EMA update.
+        kmeans_init: start the codebook from a k-means fit (k-means++, ``kmeans_iters`` Lloyd
+            iterations) of the first training batch; batches are pooled until there are at least
+            ``num_codes`` vectors. ``False``: a random uniform codebook (Kaiming-style bounds).
+        kmeans_iters: Lloyd iterations of that fit.
+        dead_code_threshold: codes whose EMA size (vectors per step) falls below this are moved onto
+            random vectors of the current batch, with size reset to the threshold. 0 disables it.
+        precision: assignment precision on CUDA, as in :func:`torchkm.assign`: ``"exact"`` (the
+            labels of an fp32 computation) or ``"fast"`` (tensor-core pass alone).
+        sync_codebook: all-reduce codebook statistics over ``torch.distributed`` ranks. ``None``
+            (default): whenever a process group of more than one rank is initialised.
+        seed: seed of the k-means initialisation (``None``: torch's global RNG). Dead-code
+            replacement draws from torch's global RNG on the input's device.
+
+    Buffers (all in ``state_dict``): ``codebook`` (k, dim) float32 (a parameter when learned),
+    ``cluster_size`` (k,) EMA of vectors per code and step, ``embed_sum`` (k, dim) EMA of their sums
+    (EMA codebooks only), and ``initialized``.
+
+    Under ``torch.autocast`` the input may arrive in bf16/fp16: the assignment runs on it as it is
+    (bf16/fp16 tensor-core products on CUDA), while the codebook, its statistics and the losses stay
+    in float32, and ``quantized`` comes back in the input's dtype.
+
+    ``torch.compile(vq, fullgraph=True)`` traces the whole forward once the codebook is initialised:
+    run the first training step eagerly (or call :meth:`initialize`) before compiling.
+
+    Example:
+        >>> import torch, torchkm
+        >>> vq = torchkm.nn.VectorQuantizer(512, 64)
+        >>> z = torch.randn(8, 16, 16, 64, requires_grad=True)
+        >>> quantized, indices, loss = vq(z)
+        >>> quantized.shape, indices.shape
+        (torch.Size([8, 16, 16, 64]), torch.Size([8, 16, 16]))
+    """
+
+    codebook: torch.Tensor
+    cluster_size: torch.Tensor
+    initialized: torch.Tensor
+
+    def __init__(
+        self,
+        num_codes: int,
+        dim: int,
+        *,
+        metric: str = "euclidean",
+        commitment_weight: float = 0.25,
+        learnable_codebook: bool = False,
+        decay: float = 0.99,
+        eps: float = 1e-5,
+        kmeans_init: bool = True,
+        kmeans_iters: int = 10,
+        dead_code_threshold: float = 0.0,
+        precision: str = "exact",
+        sync_codebook: bool | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_codes", num_codes), ("dim", dim), ("kmeans_iters", kmeans_iters)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if metric not in _METRICS:
+            raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must lie in [0, 1), got {decay!r}")
+        if eps < 0 or commitment_weight < 0 or dead_code_threshold < 0:
+            raise ValueError("eps, commitment_weight and dead_code_threshold must be >= 0, got "
+                             f"{eps!r}, {commitment_weight!r}, {dead_code_threshold!r}")
+        self.num_codes = num_codes
+        self.dim = dim
+        self.metric = metric
+        self.commitment_weight = float(commitment_weight)
+        self.learnable_codebook = learnable_codebook
+        self.decay = float(decay)
+        self.eps = float(eps)
+        self.kmeans_init = kmeans_init
+        self.kmeans_iters = kmeans_iters
+        self.dead_code_threshold = float(dead_code_threshold)
+        self.precision = check_precision(precision)
+        self.sync_codebook = sync_codebook
+        self.seed = seed
+
+        bound = math.sqrt(3.0 / dim)  # uniform with unit-variance-per-vector scale, as kaiming_uniform
+        codebook = torch.empty(num_codes, dim).uniform_(-bound, bound)
+        if metric == "cosine":
+            codebook = F.normalize(codebook, dim=1)
+        if learnable_codebook:
+            self.codebook = nn.Parameter(codebook)  # type: ignore[assignment]
+        else:
+            self.register_buffer("codebook", codebook)
+            self.register_buffer("embed_sum", codebook.clone())
+        self.register_buffer("cluster_size", torch.ones(num_codes))
+        self.register_buffer("initialized", torch.tensor(not kmeans_init))
+        # A Python mirror of `initialized`: torch.compile guards on it instead of reading the device.
+        self._initialized = not kmeans_init
+        self._pending: list[torch.Tensor] = []
+
+    # -- codebook ---------------------------------------------------------------------------------
+
+    def _sync(self) -> bool:
+        return self.sync_codebook is not False and _distributed()
+
+    @torch.no_grad()
+    def initialize(self, x: torch.Tensor) -> bool:
+        """Fit the codebook to the vectors of ``x`` (shape ``(..., dim)``) by k-means, pooling them
+        with earlier calls' until there are ``num_codes`` of them (over all ranks when synced).
+        Returns whether the codebook is now initialised. ``forward`` calls this on training batches
+        while ``kmeans_init`` is pending."""
+        if self._initialized:
+            return True
+        flat = self._prepare(x).detach().float()
+        self._pending.append(flat)
+        pooled = torch.cat(self._pending)
+        sync = self._sync()
+        if sync:
+            pooled = _gather_rows(pooled)
+        if pooled.shape[0] < self.num_codes:
+            logger.info("VectorQuantizer: %d of %d vectors pooled for the k-means initialisation",
+                        pooled.shape[0], self.num_codes)
+            return False
+        codebook = torch.empty(self.num_codes, self.dim, device=flat.device)
+        sizes = torch.empty(self.num_codes, device=flat.device)
+        if not sync or torch.distributed.get_rank() == 0:
+            result = _kmeans_fit(pooled, self.num_codes, max_iter=self.kmeans_iters, metric=self.metric,
+                                 random_state=self.seed, precision=self.precision)
+            codebook.copy_(result.centroids)
+            sizes.zero_().scatter_add_(0, result.labels, torch.ones_like(result.labels, dtype=sizes.dtype))
+            # Per-step sizes: the pooled batches stand for this many training steps.
+            sizes /= len(self._pending)
+        if sync:
+            torch.distributed.broadcast(codebook, 0)
+            torch.distributed.broadcast(sizes, 0)
+        self.codebook.copy_(codebook)
+        self.cluster_size.copy_(sizes)
+        if not self.learnable_codebook:
+            self.embed_sum.copy_(codebook * sizes.unsqueeze(1))
+        self.initialized.fill_(True)
+        self._initialized = True
+        self._pending = []
+        return True
+
+    @torch.no_grad()
+    def _update(self, flat: torch.Tensor, labels: torch.Tensor, sums: torch.Tensor | None, counts: torch.Tensor) -> None:
+        """Fold one training batch into the codebook: EMA statistics, then dead-code replacement."""
+        k = self.num_codes
+        revive = self.dead_code_threshold > 0 and flat.shape[0] > 0
+        candidates = None
+        if revive:
+            candidates = flat[torch.randint(0, flat.shape[0], (k,), device=flat.device)].float()
+        if self._sync():
+            # One collective per step: sums, counts and replacement candidates packed together. Each
+            # rank offers candidates for the codes it owns (code % world == rank), so the sum holds
+            # one real batch vector per code and every rank revives with the same vectors.
+            parts = [counts.unsqueeze(1)]
+            if sums is not None:
+                parts.append(sums)
+            if candidates is not None:
+                owned = torch.arange(k, device=flat.device) % torch.distributed.get_world_size()
+                parts.append(candidates * (owned == torch.distributed.get_rank()).unsqueeze(1))
+            packed = torch.cat(parts, dim=1)
+            torch.distributed.all_reduce(packed)
+            counts = packed[:, 0]
+            col = 1
+            if sums is not None:
+                sums, col = packed[:, 1 : 1 + self.dim], 1 + self.dim
+            if candidates is not None:
+                candidates = packed[:, col:]
+        embed_sum = None if self.learnable_codebook else self.embed_sum
+        _online.accumulate(self.cluster_size, embed_sum, counts, sums, self.decay)
+        if embed_sum is not None:
+            self.codebook.copy_(_online.centroids_from_stats(
+                embed_sum, self.cluster_size, self.codebook, normalize=self.metric == "cosine", smoothing=self.eps))
+        if candidates is not None:
+            dead = self.cluster_size < self.dead_code_threshold
+            _online.replace_dead(dead, candidates, self.codebook, self.cluster_size, embed_sum,
+                                 self.dead_code_threshold)
+
+    def get_codes_from_indices(self, indices: torch.Tensor) -> torch.Tensor:
+        """The code vectors (float32, ``indices.shape + (dim,)``) of integer ``indices``."""
+        if indices.is_floating_point() or indices.is_complex():
+            raise TypeError(f"indices must be an integer tensor, got {indices.dtype}")
+        return F.embedding(indices.long(), self.codebook)
+
+    @property
+    def dead_codes(self) -> torch.Tensor:
+        """Number of codes whose EMA size is below ``dead_code_threshold`` (below 1e-3 when it is 0)."""
+        return (self.cluster_size < (self.dead_code_threshold or 1e-3)).sum()
+
+    # -- forward ----------------------------------------------------------------------------------
+
+    def _prepare(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+        if x.dim() < 1 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (..., {self.dim}), got {tuple(x.shape)}")
+        flat = x.reshape(-1, self.dim)
+        return F.normalize(flat, dim=1) if self.metric == "cosine" else flat
+
+    def forward(self, x: torch.Tensor, *, return_loss_breakdown: bool = False) -> Any:
+        """Quantize ``x`` (``(..., dim)``); in training mode also update the codebook.
+
+        Returns :class:`VQOutput`, or ``(VQOutput, VQLosses)`` with ``return_loss_breakdown=True``.
+        """
+        if self.training and not self._initialized:
+            self.initialize(x)
+        flat = self._prepare(x)
+        with torch.autocast(flat.device.type, enabled=False):
+            codebook = self.codebook
+            detached = flat.detach()
+            update = self.training and flat.shape[0] > 0
+            if update and not self.learnable_codebook and self._initialized:
+                labels, _, sums, counts = _ops.query_assign_and_sum(detached, codebook.detach(), self.precision)
+            else:
+                labels, _ = _ops.query_assign(detached, codebook.detach(), "euclidean", self.precision)
+                sums = None
+                counts = torch.zeros(self.num_codes, device=flat.device).scatter_add_(
+                    0, labels, torch.ones_like(labels, dtype=torch.float32))
+            codes = F.embedding(labels, codebook)  # carries the codebook's gradient when learned
+            flat32 = flat.float()
+            commitment = F.mse_loss(flat32, codes.detach()) if flat.shape[0] else flat32.sum()
+            if self.learnable_codebook and flat.shape[0]:
+                codebook_loss = F.mse_loss(codes, flat32.detach())
+            else:
+                codebook_loss = torch.zeros((), device=flat.device)
+            loss = self.commitment_weight * commitment + codebook_loss
+            if update and self._initialized:
+                self._update(detached, labels, sums, counts)
+        quantized = flat + (codes.detach().to(flat.dtype) - flat).detach()
+        out = VQOutput(quantized.reshape(x.shape), labels.reshape(x.shape[:-1]), loss)
+        return (out, VQLosses(commitment, codebook_loss)) if return_loss_breakdown else out
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # type: ignore[override]
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        self._initialized = bool(self.initialized)
+        self._pending = []
+
+    def extra_repr(self) -> str:
+        mode = "learned" if self.learnable_codebook else f"ema decay={self.decay}"
+        return f"num_codes={self.num_codes}, dim={self.dim}, metric={self.metric!r}, {mode}"
+
+
+class ResidualVQ(nn.Module):
+    """Residual vector quantization: ``num_quantizers`` :class:`VectorQuantizer` layers, each
+    quantizing what the previous ones left (SoundStream, EnCodec).
+
+    ``forward(x)`` returns :class:`VQOutput` with ``quantized`` the sum of the chosen codes (gradient
+    straight through to ``x``), ``indices`` of shape ``x.shape[:-1] + (num_quantizers,)`` and
+    ``loss`` the sum of the layers' losses (each layer's commitment is to its own residual).
+    Keyword arguments go to every layer (``seed`` is offset by the layer's position).
+    """
+
+    def __init__(self, num_quantizers: int, num_codes: int, dim: int, **kwargs: Any) -> None:
+        super().__init__()
+        if isinstance(num_quantizers, bool) or not isinstance(num_quantizers, int) or num_quantizers < 1:
+            raise ValueError(f"num_quantizers must be a positive int, got {num_quantizers!r}")
+        seed = kwargs.pop("seed", None)
+        self.layers = nn.ModuleList(
+            VectorQuantizer(num_codes, dim, seed=None if seed is None else seed + i, **kwargs) for i in range(num_quantizers)
+        )
+
+    def forward(self, x: torch.Tensor, *, return_loss_breakdown: bool = False) -> Any:
+        residual = x
+        total = torch.zeros_like(x)
+        indices, losses, commitments, codebook_losses = [], [], [], []
+        for layer in self.layers:
+            out, parts = layer(residual, return_loss_breakdown=True)
+            code = out.quantized.detach()
+            total = total + code
+            residual = residual - code
+            indices.append(out.indices)
+            losses.append(out.loss)
+            commitments.append(parts.commitment)
+            codebook_losses.append(parts.codebook)
+        quantized = x + (total - x).detach()
+        out = VQOutput(quantized, torch.stack(indices, dim=-1), torch.stack(losses).sum())
+        if return_loss_breakdown:
+            return out, VQLosses(torch.stack(commitments).sum(), torch.stack(codebook_losses).sum())
+        return out
+
+    def get_codes_from_indices(self, indices: torch.Tensor) -> torch.Tensor:
+        """Per-layer codes, ``indices.shape + (dim,)``, of ``indices`` shaped ``(..., num_quantizers)``."""
+        if indices.shape[-1] != len(self.layers):
+            raise ValueError(f"indices must end in a dimension of {len(self.layers)} quantizers, got {tuple(indices.shape)}")
+        return torch.stack([layer.get_codes_from_indices(indices[..., i]) for i, layer in enumerate(self.layers)], dim=-2)
+
+    def get_output_from_indices(self, indices: torch.Tensor) -> torch.Tensor:
+        """The quantized vectors (sum over the layers' codes) of ``indices`` ``(..., num_quantizers)``."""
+        return self.get_codes_from_indices(indices).sum(dim=-2)
