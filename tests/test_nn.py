@@ -194,25 +194,28 @@ def test_state_dict_resumes_training_exactly():
         assert torch.equal(a, b), name
 
 
-def test_compiles_fullgraph_and_matches_eager():
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiles_fullgraph_and_matches_eager(device):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    vq = VectorQuantizer(16, 8, seed=0)
-    vq(_batch(0, 64, 8))  # initialise eagerly
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    vq = VectorQuantizer(16, 8, seed=0).to(device)
+    vq(_batch(0, 64, 8, device))  # initialise eagerly
     eager = copy.deepcopy(vq)
-    compiled = torch.compile(vq, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(vq, fullgraph=True, backend=backend)
     for i in range(1, 4):
-        x = _batch(i, 64, 8).requires_grad_(True)
+        x = _batch(i, 64, 8, device).requires_grad_(True)
         got, want = compiled(x), eager(x)
         assert torch.equal(got.indices, want.indices)
         torch.testing.assert_close(got.loss, want.loss)
+        (got.quantized.sum() + got.loss).backward()
     torch.testing.assert_close(vq.codebook, eager.codebook)
     # dead-code replacement and eval mode trace too
-    revive = VectorQuantizer(16, 8, seed=0, dead_code_threshold=0.5)
-    revive(_batch(0, 64, 8))
-    torch.compile(revive, fullgraph=True, backend="aot_eager")(_batch(5, 64, 8))
+    revive = VectorQuantizer(16, 8, seed=0, dead_code_threshold=0.5).to(device)
+    revive(_batch(0, 64, 8, device))
+    torch.compile(revive, fullgraph=True, backend=backend)(_batch(5, 64, 8, device))
     revive.eval()
-    torch.compile(revive, fullgraph=True, backend="aot_eager")(_batch(5, 64, 8))
+    torch.compile(revive, fullgraph=True, backend=backend)(_batch(5, 64, 8, device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
