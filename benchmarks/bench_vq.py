@@ -133,12 +133,44 @@ def check(library: str, x: torch.Tensor, codebook: torch.Tensor, dtype: torch.dt
     return out
 
 
+def profile(n: int, dim: int, k: int, precision: str, dtype: torch.dtype, steps: int = 20) -> None:
+    """Host and GPU time per step of the torchkm layer, and the profiler's top entries for both."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    x = torch.randn(n, dim, device="cuda", dtype=dtype).requires_grad_(True)
+    layer = make_layer(f"torchkm-{precision}", torch.randn(k, dim, device="cuda"))
+    step = step_fn(layer, x, dtype)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host = (time.perf_counter() - t0) / steps * 1e3
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / steps * 1e3
+    print(f"\nprofile {n:,} x {dim}, {k:,} {precision} {dtype}: host {host:.3f} ms/step (launch side), wall {wall:.3f} ms/step")
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(table.table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60))
+    print(table.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=None)
     parser.add_argument("--libraries", nargs="*", default=["torchkm-exact", "torchkm-fast", "torch-dense", "vector-quantize-pytorch"])
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    parser.add_argument("--profile", action="store_true", help="profile the torchkm layer instead of the comparison")
     args = parser.parse_args()
+    if args.profile:
+        for n, dim, k, precision in [(2048, 32, 256, "exact"), (32_768, 256, 8192, "fast"), (32_768, 256, 8192, "exact")]:
+            profile(n, dim, k, precision, torch.float32)
+        return
 
     rates = gemm_rates()
     try:
