@@ -100,8 +100,13 @@ def train(library: str, args: argparse.Namespace, photos: dict[str, torch.Tensor
     train_image = photos["china"]
     history: dict[str, list[float]] = {"step": [], "recon": [], "perplexity": [], "dead": []}
     used = torch.zeros(args.window, args.codes, dtype=torch.bool)
-    t0 = time.perf_counter()
+    t0 = t_warm = time.perf_counter()
+    warmup = min(20, args.steps // 2)  # first steps: k-means initialisation, kernel compilation
     for step in range(1, args.steps + 1):
+        if step == warmup + 1:
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t_warm = time.perf_counter()
         images = random_crops(train_image, args.batch, 32, batches).to(args.device)
         recon, indices, vq_loss = model(images)
         recon_loss = F.mse_loss(recon, images)
@@ -115,14 +120,17 @@ def train(library: str, args: argparse.Namespace, photos: dict[str, torch.Tensor
             history["perplexity"].append(torchkm.nn.perplexity(indices, args.codes).item())
             # Dead: not chosen by any vector of the last `window` batches.
             history["dead"].append(int(args.codes - used[: min(step, args.window)].any(0).sum()))
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    step_ms = (time.perf_counter() - t_warm) / max(1, args.steps - warmup) * 1e3
     model.eval()
     with torch.no_grad():
         recons = {name: model(img[None].to(args.device))[0][0].clamp(0, 1).cpu() for name, img in photos.items()}
         test_mse = {name: F.mse_loss(recons[name], img).item() for name, img in photos.items()}
         eval_codes = torch.cat([model(img[None].to(args.device))[1].flatten().cpu() for img in photos.values()])
     return {
-        "library": library, "history": history, "seconds": seconds, "recons": recons, "test_mse": test_mse,
+        "library": library, "history": history, "seconds": seconds, "step_ms": step_ms, "recons": recons, "test_mse": test_mse,
         "codes_used_on_images": int(eval_codes.unique().numel()),
     }
 
@@ -190,11 +198,11 @@ def main() -> None:
     results = [train(lib, args, photos) for lib in libraries]
 
     print(f"{args.steps} steps of {args.batch} crops, {args.codes} codes of dim {args.dim}, device {args.device}")
-    print(f"{'library':<24}{'seconds':>9}{'final recon':>13}{'perplexity':>12}{'dead codes':>12}"
+    print(f"{'library':<24}{'seconds':>9}{'ms/step':>9}{'final recon':>13}{'perplexity':>12}{'dead codes':>12}"
           f"{'china MSE':>11}{'flower MSE':>12}{'codes used':>12}")
     for r in results:
         h = r["history"]
-        print(f"{r['library']:<24}{r['seconds']:>9.1f}{np.mean(h['recon'][-5:]):>13.5f}{np.mean(h['perplexity'][-5:]):>12.1f}"
+        print(f"{r['library']:<24}{r['seconds']:>9.1f}{r['step_ms']:>9.1f}{np.mean(h['recon'][-5:]):>13.5f}{np.mean(h['perplexity'][-5:]):>12.1f}"
               f"{h['dead'][-1]:>12d}{r['test_mse']['china']:>11.5f}{r['test_mse']['flower']:>12.5f}{r['codes_used_on_images']:>12d}")
     plot(results, photos, args.out)
     summary = [{k: v for k, v in r.items() if k != "recons"} | {"args": {k: str(v) for k, v in vars(args).items()}} for r in results]
