@@ -94,7 +94,10 @@ def random_crops(image: torch.Tensor, count: int, size: int, generator: torch.Ge
 
 def train(library: str, args: argparse.Namespace, photos: dict[str, torch.Tensor]) -> dict:
     torch.manual_seed(args.seed)
-    model = Autoencoder(make_quantizer(library, args), dim=args.dim).to(args.device)
+    model = Autoencoder(nn.Identity(), dim=args.dim)  # the same encoder and decoder weights for every library
+    model.quantizer = make_quantizer(library, args)
+    model = model.to(args.device)
+    torch.manual_seed(args.seed + 1)  # and the same random state from here on
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     batches = torch.Generator().manual_seed(args.seed)  # same crops for every library
     train_image = photos["china"]
