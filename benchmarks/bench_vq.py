@@ -27,27 +27,14 @@ import time
 
 import torch
 import triton
-from triton.testing import do_bench
+from bench_lloyd import (  # benchmarks/ is the script's directory, so on sys.path
+    ceilings,
+    ms,
+)
 
 import torchkm
 
 WORKLOADS = [(32_768, 256, 8192), (32_768, 256, 65_536)]  # (n, dim, codes): issue 5
-
-
-def ms(fn) -> float:
-    return float(do_bench(fn, warmup=5, rep=40, return_mode="median"))
-
-
-def gemm_rates() -> dict[str, float]:
-    a = torch.randn(8192, 8192, device="cuda")
-    b = torch.randn(8192, 8192, device="cuda")
-    flops = 2 * 8192**3
-    torch.backends.cuda.matmul.allow_tf32 = True
-    tf32 = flops / (ms(lambda: a @ b) * 1e-3) / 1e12
-    torch.backends.cuda.matmul.allow_tf32 = False
-    ah, bh = a.bfloat16(), b.bfloat16()
-    bf16 = flops / (ms(lambda: ah @ bh) * 1e-3) / 1e12
-    return {"tf32_TFLOPs": tf32, "bf16_TFLOPs": bf16}
 
 
 class TorchDenseVQ(torch.nn.Module):
@@ -172,7 +159,7 @@ def main() -> None:
             profile(n, dim, k, precision, torch.float32)
         return
 
-    rates = gemm_rates()
+    rates = ceilings()
     try:
         import vector_quantize_pytorch
         vqp_version = getattr(vector_quantize_pytorch, "__version__", None)

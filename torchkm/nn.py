@@ -328,9 +328,10 @@ class VectorQuantizer(nn.Module):
                 labels, _, sums, counts = _ops.query_assign_and_sum(detached, codebook.detach(), self.precision)
             else:
                 labels, _ = _ops.query_assign(detached, codebook.detach(), "euclidean", self.precision)
-                sums = None
-                counts = torch.zeros(self.num_codes, device=flat.device).scatter_add_(
-                    0, labels, torch.ones_like(labels, dtype=torch.float32))
+                sums = counts = None
+                if update:  # usage statistics of a learned codebook (dead-code revival)
+                    counts = torch.zeros(self.num_codes, device=flat.device).scatter_add_(
+                        0, labels, torch.ones_like(labels, dtype=torch.float32))
             codes = F.embedding(labels, codebook)  # carries the codebook's gradient when learned
             flat32 = flat.float()
             commitment = F.mse_loss(flat32, codes.detach()) if flat.shape[0] else flat32.sum()
@@ -339,7 +340,7 @@ class VectorQuantizer(nn.Module):
             else:
                 codebook_loss = torch.zeros((), device=flat.device)
             loss = self.commitment_weight * commitment + codebook_loss
-            if update and self._initialized:
+            if counts is not None and self._initialized:
                 self._update(detached, labels, sums, counts)
         quantized = flat + (codes.detach().to(flat.dtype) - flat).detach()
         out = VQOutput(quantized.reshape(x.shape), labels.reshape(x.shape[:-1]), loss)
