@@ -40,6 +40,7 @@ SeedLike = Union[int, torch.Generator, None]
 
 METRICS = ("euclidean", "cosine")
 INIT_NAMES = ("k-means++", "random")
+ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
 
 
 class ConvergenceWarning(UserWarning):
@@ -55,6 +56,13 @@ class IterationStats:
     ``labels_changed`` counts rows whose label differs from the previous iteration's (all rows on
     the first iteration); ``empty_clusters`` counts clusters that received no weight and were
     relocated to far-away rows.
+
+    Pruning (``algorithm="pruned"``, ``"triangle"`` or ``"auto"``): ``kernel`` is the pass that ran
+    (``"lloyd"``, ``"pruned"`` or ``"triangle"``); ``skipped`` the fraction of the dense pass's
+    ``n * k`` distance computations the hardware did not spend (a warp or tile of rows runs as long
+    as its slowest row); ``skipped_bound`` the fraction the pruning rule itself skipped, row by row
+    (seed 000's theoretical upper bound); ``imbalance`` seed 000's ratio R (eq. 2): work spent over
+    work needed, minus one. All zero for dense passes.
     """
 
     iteration: int
@@ -63,6 +71,10 @@ class IterationStats:
     labels_changed: int
     empty_clusters: int
     seconds: float
+    kernel: str = "lloyd"
+    skipped: float = 0.0
+    skipped_bound: float = 0.0
+    imbalance: float = 0.0
 
 
 @dataclass
@@ -181,6 +193,54 @@ def _use_cuda_graphs(data: DataView, k: int) -> bool:
     return data.n_samples * max(k, 32) * data.n_features <= _GRAPH_MAX_WORK
 
 
+class _Hybrid:
+    """``algorithm="auto"``: seed 000's hybrid, deciding from times measured on the running device.
+
+    Epoch 1 runs the dense engine while labels still move a lot (pruning saves little there) and
+    measures its time per iteration. Once fewer than ``enter_changed`` of the rows change label,
+    the bounds engine takes over (its first pass is a full search, an ordinary Lloyd iteration);
+    if its passes then cost more than the dense ones (``patience`` passes in a row, the first
+    one, which compiles, not counted), the dense engine finishes the run. Problems whose dense
+    pass is too small for pruning to pay (``min_work``) stay dense from the start.
+    """
+
+    enter_changed = 0.05
+    patience = 2
+    min_work = 1 << 28  # n * k * d below which a dense pass is launch-bound
+
+    def __init__(self, data: DataView, k: int):
+        self.enabled = _ops.bounds_supported(data) and data.n_samples * k * data.n_features >= self.min_work
+        self.dense_seconds: list[float] = []
+        self.dense_reads = 0.0
+        self.state = "dense"  # -> "pruned" -> "done"
+        self.slow = 0
+
+    def after(self, stats: IterationStats, kernel: str, n: int, rows_in_read: int, first_of_engine: bool) -> str | None:
+        """Record an iteration; returns the engine to switch to, if any."""
+        if not self.enabled or self.state == "done":
+            return None
+        if kernel == "lloyd":
+            if not first_of_engine:
+                self.dense_seconds.append(stats.seconds)
+                self.dense_reads += 1.0 / rows_in_read
+            # Two reads measured: with CUDA graphs, the first block is the capture, the second a replay.
+            measured = self.dense_reads >= 2.0 - 1e-9
+            if self.state == "dense" and measured and stats.labels_changed < self.enter_changed * n:
+                self.state = "pruned"
+                return "pruned"
+            return None
+        if first_of_engine or stats.skipped_bound == 0.0:  # compiling, or the bounds' first full pass
+            return None
+        reference = min(self.dense_seconds) if self.dense_seconds else float("inf")
+        self.slow = self.slow + 1 if stats.seconds > reference else 0
+        if self.slow >= self.patience:
+            self.state = "done"
+            logger.info("auto: pruned passes (%.3g ms) cost more than dense ones (%.3g ms); finishing dense",
+                        stats.seconds * 1e3, reference * 1e3)
+            return "lloyd"
+        return None
+
+
 def lloyd(
     data: DataView,
     centroids: torch.Tensor,
@@ -189,6 +249,7 @@ def lloyd(
     max_iter: int,
     tol: float,
     deterministic: bool = False,
+    algorithm: str = "lloyd",
     on_iteration: Callable[[IterationStats], None] | None = None,
 ) -> KMeansResult:
     """Lloyd iterations from ``centroids`` (in the data's transformed space) until convergence.
@@ -200,6 +261,11 @@ def lloyd(
     device freezes the rest of a block once a stopping rule fires, so the state read back is that
     of the stopping iteration). Elsewhere each iteration synchronises once to read its statistics;
     a second time only when a cluster went empty.
+
+    ``algorithm``: ``"pruned"`` and ``"triangle"`` run the engines of ``torchkm._kernels.prune``
+    (labels equal the dense exact pass's), ``"auto"`` the hybrid (:class:`_Hybrid`). They need the
+    kernels; on the pure-torch engine (and for ``"pruned"`` with d <= 8) the dense loop runs and the
+    history says so (``kernel="lloyd"``).
     """
     c = centroids.to(data.dtype).clone()
     prev_labels: torch.Tensor | None = None
@@ -208,27 +274,51 @@ def lloyd(
     labels: torch.Tensor | None = None
     inertia_f = float("nan")
     engine = None
-    if _ops.uses_kernels(data) and not deterministic:
+    hybrid = None
+    kernels = _ops.uses_kernels(data) and not deterministic
+    if algorithm != "lloyd" and not kernels:
+        logger.info("algorithm=%r needs the Triton kernels (CUDA, not deterministic); running dense Lloyd", algorithm)
+    elif algorithm == "pruned" and not _ops.bounds_supported(data):
+        logger.info("algorithm='pruned' needs d > 8 (the exact tensor-core pass); running dense Lloyd")
+    if kernels:
         graphs = _use_cuda_graphs(data, c.shape[0])
         # One int32 label buffer updated in place (the kernels read a row's previous label before
         # writing it): half the label traffic of int64, which matters when rows are short.
         label_buffer = torch.empty(data.n_samples, dtype=torch.int32, device=data.device)
-        engine = _ops.lloyd_engine(data, c, label_buffer, sample_weight, tol, _GRAPH_BLOCK if graphs else 1, graphs)
+
+        def make_engine(kind: str, start: torch.Tensor):
+            if kind == "lloyd":
+                return _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol,
+                                         _GRAPH_BLOCK if graphs else 1, graphs)
+            return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind)
+
+        kind = algorithm
+        if algorithm == "auto":
+            hybrid = _Hybrid(data, c.shape[0])
+            kind = "lloyd"
+        elif algorithm == "pruned" and not _ops.bounds_supported(data):
+            kind = "lloyd"
+        engine = make_engine(kind, c)
+    engine_iterations = 0
     it = 0
     while it < max_iter:
         t0 = time.perf_counter()
         if engine is not None:
-            if it == 0 or engine.block == 1:
+            if engine_iterations == 0 or engine.block == 1:
                 engine.iterate(has_prev=it > 0)
                 rows = engine.read(1)
             else:
                 block = min(engine.block, max_iter - it)
                 engine.run_block(block)
                 rows = engine.read(block)
+            info = getattr(engine, "info", None)
         else:
             step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight)
             rows = [device_stats.tolist()]
         seconds = (time.perf_counter() - t0) / len(rows)
+        first_of_engine = engine_iterations == 0
+        engine_iterations += len(rows)
+        switch_to = None
         for inertia_f, shift_f, changed_f, empty_f in rows:
             if engine is not None:
                 labels, sums, counts, old_c, new_c = engine.labels, engine.sums, engine.counts, engine.c_old, engine.c
@@ -248,8 +338,14 @@ def lloyd(
                 inertia_f *= 0.5
             c = new_c
             it += 1
-            stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds)
+            if engine is not None and info is not None:
+                stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds, info.kernel,
+                                       info.skipped, info.skipped_bound, info.imbalance)
+            else:
+                stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds)
             history.append(stats)
+            if hybrid is not None:
+                switch_to = hybrid.after(stats, stats.kernel, data.n_samples, len(rows), first_of_engine) or switch_to
             if on_iteration is not None:
                 on_iteration(stats)
             if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:
@@ -262,6 +358,10 @@ def lloyd(
                 break
         if converged:
             break
+        if switch_to is not None:
+            logger.debug("auto: switching to the %s engine at iteration %d", switch_to, it)
+            engine = make_engine(switch_to, c)
+            engine_iterations = 0
     if engine is not None:
         # The engine's buffers are reused by its replays: hand out copies.
         c = c.clone()
@@ -358,6 +458,12 @@ def _to_data_space(centroids: torch.Tensor, data: DataView) -> torch.Tensor:
     return c
 
 
+def check_algorithm(algorithm: Any) -> str:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return algorithm
+
+
 def check_params(
     n_clusters: Any, init: Any, n_init: Any, max_iter: Any, tol: Any, metric: Any
 ) -> tuple[int, int, int, float]:
@@ -388,6 +494,7 @@ def fit(
     random_state: SeedLike = None,
     precision: str = "exact",
     deterministic: bool | None = None,
+    algorithm: str = "lloyd",
     verbose: bool = False,
     progress: bool = False,
 ) -> KMeansResult:
@@ -406,6 +513,9 @@ def fit(
     """
     n_clusters, n_init, max_iter, tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
     check_precision(precision)
+    check_algorithm(algorithm)
+    if algorithm in ("pruned", "triangle") and deterministic:
+        raise ValueError(f"algorithm={algorithm!r} sums clusters with atomics; deterministic=True needs algorithm='lloyd'")
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     x = as_data_tensor(x, "x")
@@ -458,7 +568,7 @@ def fit(
 
             out = lloyd(
                 data, c0, sample_weight=weights, max_iter=max_iter, tol=tol_abs,
-                deterministic=deterministic, on_iteration=on_iteration,
+                deterministic=deterministic, algorithm=algorithm, on_iteration=on_iteration,
             )
             if bar is not None:
                 bar.update(max_iter - out.n_iter)

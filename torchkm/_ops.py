@@ -23,8 +23,20 @@ from ._reference import DataView
 from ._validation import PRECISIONS, compute_dtype
 
 __all__ = [
-    "PRECISIONS", "StepResult", "assign", "assign_and_sum", "lloyd_engine", "lloyd_step", "query_assign",
-    "query_assign_and_sum", "query_view", "sq_distances_to", "update", "uses_kernels",
+    "PRECISIONS",
+    "StepResult",
+    "assign",
+    "assign_and_sum",
+    "bounds_supported",
+    "lloyd_engine",
+    "lloyd_step",
+    "pruned_engine",
+    "query_assign",
+    "query_assign_and_sum",
+    "query_view",
+    "sq_distances_to",
+    "update",
+    "uses_kernels",
 ]
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -125,6 +137,31 @@ def lloyd_engine(
 
     return LloydEngine(data.x, centroids, labels, sample_weight=sample_weight, normalize=data.normalize, tol=tol,
                        block=block, graphs=graphs, **_kernel_inputs(data))
+
+
+def pruned_engine(
+    data: DataView, centroids: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor | None, tol: float,
+    kind: str,
+):
+    """A pruned Lloyd engine of ``torchkm._kernels.prune``: ``kind="pruned"`` the bounds engine
+    (compacted exact tensor-core search), ``"triangle"`` seed 000's scan with workload reordering."""
+    from ._kernels.prune import BoundsEngine, TriangleEngine
+
+    inputs = _kernel_inputs(data)
+    common = {"offset": inputs["offset"], "row_scale": inputs["row_scale"], "sample_weight": sample_weight,
+              "normalize": data.normalize, "tol": tol}
+    if kind == "triangle":
+        return TriangleEngine(data.x, centroids, labels, **common)
+    raw_norms = data.raw_norms
+    return BoundsEngine(data.x, centroids, labels, raw_norms=raw_norms, **common)
+
+
+def bounds_supported(data: DataView) -> bool:
+    """Whether the bounds engine serves this data: the kernels, and d above the small-d kernel's range
+    (it needs the tensor-core pass's best two candidates)."""
+    from ._kernels.assign import SMALL_D
+
+    return uses_kernels(data) and data.n_features > SMALL_D
 
 
 def update(

@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--metric", default="euclidean", choices=["euclidean", "cosine"])
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--algorithm", default="lloyd", choices=["lloyd", "pruned", "triangle", "auto"],
+                   help="dense Lloyd (default), pruned with bounds, seed 000's triangle scan, or the hybrid")
 
     q = sub.add_parser("predict", help="label the rows of a file against saved centroids")
     q.add_argument("data", help="input vectors: .npy or .fvecs")
@@ -103,7 +105,8 @@ def _run(args: argparse.Namespace) -> dict:
     if args.command == "fit":
         result = fit(
             x, args.n_clusters, init=args.init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
-            metric=args.metric, random_state=args.seed, verbose=args.verbose, progress=not args.no_progress,
+            metric=args.metric, random_state=args.seed, algorithm=args.algorithm, verbose=args.verbose,
+            progress=not args.no_progress,
         )
         np.save(args.centroids, result.centroids.cpu().numpy())
         if args.labels:

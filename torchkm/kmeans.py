@@ -9,7 +9,7 @@ from torch import nn
 
 from . import _loop, _online, _ops
 from . import functional as F
-from ._loop import InitLike, IterationStats, SeedLike, check_params
+from ._loop import InitLike, IterationStats, SeedLike, check_algorithm, check_params
 from ._reference import DataView
 from ._validation import (
     as_data_tensor,
@@ -57,6 +57,17 @@ class KMeans(nn.Module):
             are bit-identical (slower for small k); the default (None) follows
             ``torch.are_deterministic_algorithms_enabled()``, else one fused pass with atomics
             whose last bits vary between runs. CPU runs are always deterministic.
+        algorithm: ``"lloyd"`` (default): every iteration assigns every row with the fused dense
+            pass. ``"pruned"``: rows keep a lower bound on their distance to the other centroids
+            (from the exact pass's second-best candidate, lowered by how far centroids move); a row
+            whose own centroid stays nearer than that bound is settled with one distance, and only
+            the others go through the tensor-core search, so converged rows cost one read. Labels
+            equal the dense exact pass's (the search always runs in the exact mode), and so do the
+            iteration counts, up to fp32 ties. ``"triangle"``: seed 000's per-row triangle-
+            inequality scan with workload-sorted rows (slower than the tensor cores on current GPUs;
+            kept for study). ``"auto"``: dense while labels still move, then pruned while it
+            measures faster on this device. Pruning needs the CUDA kernels and d > 8 (``"pruned"``,
+            ``"auto"``); elsewhere the dense loop runs, and ``history_`` says which pass ran.
         verbose: log per-iteration statistics through the ``torchkm`` logger at INFO level.
         progress: show a tqdm progress bar over iterations.
 
@@ -93,6 +104,7 @@ class KMeans(nn.Module):
         random_state: SeedLike = None,
         precision: str = "exact",
         deterministic: bool | None = None,
+        algorithm: str = "lloyd",
         verbose: bool = False,
         progress: bool = False,
     ) -> None:
@@ -102,6 +114,7 @@ class KMeans(nn.Module):
         self.metric = metric
         self.precision = check_precision(precision)
         self.deterministic = deterministic
+        self.algorithm = check_algorithm(algorithm)
         self.random_state = random_state
         self.verbose = verbose
         self.progress = progress
@@ -167,7 +180,7 @@ class KMeans(nn.Module):
         out = _loop.fit(
             x, self.n_clusters, init=self.init, n_init=self.n_init, max_iter=self.max_iter, tol=self.tol,
             metric=self.metric, sample_weight=sample_weight, random_state=self.random_state,
-            precision=self.precision, deterministic=self.deterministic,
+            precision=self.precision, deterministic=self.deterministic, algorithm=self.algorithm,
             verbose=self.verbose, progress=self.progress,
         )
         self.centroids = out.centroids

@@ -39,6 +39,9 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
             (``random_state`` also takes a ``numpy.random.RandomState``). ``n_init`` defaults to 1,
             as scikit-learn's ``"auto"`` does for k-means++.
         metric: ``"euclidean"`` or ``"cosine"`` (spherical k-means), see :class:`torchkm.KMeans`.
+        algorithm: ``"lloyd"`` (default), ``"pruned"``, ``"triangle"`` or ``"auto"``, see
+            :class:`torchkm.KMeans`; scikit-learn's ``"elkan"`` (bounds from the triangle
+            inequality) means ``"pruned"``.
         verbose: log per-iteration statistics through the ``torchkm`` logger.
         device: where to compute: ``"cpu"``, ``"cuda"``, ``"cuda:1"``..., or None for CUDA when
             available and CPU otherwise. Results are numpy arrays either way.
@@ -57,6 +60,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
         max_iter: int = 300,
         tol: float = 1e-4,
         metric: str = "euclidean",
+        algorithm: str = "lloyd",
         verbose: int = 0,
         random_state: Any = None,
         device: str | None = None,
@@ -67,6 +71,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
         self.max_iter = max_iter
         self.tol = tol
         self.metric = metric
+        self.algorithm = algorithm
         self.verbose = verbose
         self.random_state = random_state
         self.device = device
@@ -97,7 +102,8 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
             self._tensor(X), self.n_clusters, init=init, n_init=self.n_init, max_iter=self.max_iter,
             tol=self.tol, metric=self.metric,
             sample_weight=None if sample_weight is None else torch.from_numpy(sample_weight),
-            random_state=seed, verbose=bool(self.verbose),
+            random_state=seed, algorithm="pruned" if self.algorithm == "elkan" else self.algorithm,
+            verbose=bool(self.verbose),
         )
         self.cluster_centers_ = out.centroids.cpu().numpy().astype(X.dtype, copy=False)
         self.labels_ = out.labels.cpu().numpy()

@@ -58,11 +58,11 @@ PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count,
-    labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, replica,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
+    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
 ):
@@ -209,6 +209,7 @@ def _tile(
         # The sums wait for the final labels: a second sweep of the (cached) rows, as fusing them
         # into this sweep spills registers.
         sq_dist2 = tl.zeros((BLOCK_N,), tl.float32)
+        x_sq = tl.zeros((BLOCK_N,), tl.float32)
         label2_64 = label2.to(tl.int64)
         for d0 in range(0, d, EPI_D):
             dims = d0 + epi_dims
@@ -223,9 +224,20 @@ def _tile(
             diff2 = xr - cr2
             sq_dist += tl.sum(diff * diff, axis=1)
             sq_dist2 += tl.sum(diff2 * diff2, axis=1)
+            if STORE_LOWER:
+                x_sq += tl.sum(xr * xr, axis=1)
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
         label = tl.where(take2, label2, label)
         sq_dist = tl.where(take2, sq_dist2, sq_dist)
+        if STORE_LOWER:
+            # A lower bound on the squared distance to every centroid but the winner (the pruned
+            # Lloyd's bounds): the loser's score when the pair was settled directly, else the
+            # second-best score, less the rounding bound of the fast products. Deferred rows get 0.
+            lower = tl.where(take2, best, second) - bound
+            if RAW_MMA and HAS_SCALE:
+                lower = lower / raw_norm
+            lower = tl.maximum(lower + x_sq, 0.0)
+            tl.store(lower_ptr + rows, tl.where(flag, 0.0, lower), mask=row_mask)
         label64 = label.to(tl.int64)
         if UPDATE != 0:
             for d0 in range(0, d, EPI_D):
@@ -267,12 +279,12 @@ def _tile(
 def _assign_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
     part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
+    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
@@ -283,23 +295,23 @@ def _assign_kernel(
     if go:
         _assign_programs(x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_ptr, row_index_ptr, row_count_ptr,
-                         labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                          part_inertia_ptr, part_changed_ptr, part_base,
                          n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
 
 
 @triton.jit
 def _assign_programs(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
     part_inertia_ptr, part_changed_ptr, part_base,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr,
+    HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
 ):
@@ -313,19 +325,19 @@ def _assign_programs(
         for t in range(pid, tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
             i, c = _tile(t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_ptr, row_index_ptr, row_count,
-                         labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                          n, k, d, stride_xn, stride_xd, bound_coef, replica,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
             inertia += i
             changed += c
     else:
         inertia, changed = _tile(pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                                  c_norm_ptr, row_index_ptr, 0,
-                                 labels_ptr, sq_dist_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                                  n, k, d, stride_xn, stride_xd, bound_coef, replica,
                                  BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                                 STORE_SQ_DIST, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
+                                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -576,7 +588,7 @@ class AssignPass:
     """
 
     def __init__(self, x: torch.Tensor, k: int, precision: str, *, update: bool,
-                 config: dict | None = None):
+                 config: dict | None = None, extra_partials: int = 0):
         n, d = x.shape
         device = x.device
         self.k, self.precision = k, precision
@@ -614,8 +626,11 @@ class AssignPass:
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
             if self.check:
                 self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3")}
-        self.part_inertia = torch.empty(self.main_grid + self.recheck_grid, dtype=torch.float32, device=device)
-        self.part_changed = torch.empty(self.main_grid + self.recheck_grid, dtype=torch.int64, device=device)
+        # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
+        # pruned Lloyd's settle pass), so that one reduction sees both.
+        self.extra_base = self.main_grid + self.recheck_grid
+        self.part_inertia = torch.empty(self.extra_base + extra_partials, dtype=torch.float32, device=device)
+        self.part_changed = torch.empty(self.extra_base + extra_partials, dtype=torch.int64, device=device)
         if self.main_grid == 0:  # no program writes them
             self.part_inertia.zero_()
             self.part_changed.zero_()
@@ -625,14 +640,20 @@ class AssignPass:
         raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None, prev_labels: torch.Tensor | None,
         labels: torch.Tensor, sq_dist: torch.Tensor | None = None, zero: tuple[torch.Tensor, ...] = (),
         control: torch.Tensor | None = None, stats_prev: torch.Tensor | None = None, iteration: int = 0,
-        tol: float = 0.0,
+        tol: float = 0.0, rows: tuple[torch.Tensor, torch.Tensor] | None = None, lower: torch.Tensor | None = None,
+        clear: bool = True,
     ) -> None:
         """Assign the rows of ``x`` to ``c32`` (fp32 (k, d), transformed space) into ``labels``; the
         preparation launch also clears the float64 tensor in ``zero``. ``control``, ``stats_prev``,
-        ``iteration`` and ``tol``: see ``prepare_centroids`` (Lloyd iterations replayed in blocks)."""
+        ``iteration`` and ``tol``: see ``prepare_centroids`` (Lloyd iterations replayed in blocks).
+
+        ``rows = (row_index, row_count)``: only the listed rows (int32 indices, the count a 1-element
+        int32 device tensor), others untouched. ``lower`` (exact mode): float32 (n,) receiving a
+        lower bound on each row's squared distance to every centroid but its own (0 for rows the
+        re-search settled). ``clear=False`` keeps what the accumulators already hold."""
         n, d = x.shape
         prepared = prepare_centroids(c32, offset, x.dtype, fast=self.fast and not self.small_d, split=self.split,
-                                     exact=self.check or not (self.fast or self.small_d), zero=(self.acc, self.flag_count, *zero),
+                                     exact=self.check or not (self.fast or self.small_d), zero=(self.acc, self.flag_count, *zero) if clear else (self.flag_count, *zero),
                                      control=control, stats_prev=stats_prev, iteration=iteration, tol=tol)
         # Unused pointer arguments get a tensor of their own: one aliasing a real operand would, under
         # torch.compile, make Inductor's functionalisation hand a later kernel the wrong copy.
@@ -659,6 +680,8 @@ class AssignPass:
             return
         if raw_norms is None and (self.check or (self.fast and row_scale is not None)):
             raise ValueError('precision="exact" and row_scale need raw_norms')
+        if lower is not None and not self.check:
+            raise ValueError('lower bounds come from the exact mode\'s best two candidates (precision="exact", d > 8)')
         common = dict(
             c32_ptr=c32,
             offset_ptr=dummy if offset is None else offset,
@@ -666,7 +689,7 @@ class AssignPass:
             norm_ptr=dummy if raw_norms is None else raw_norms,
             weight_ptr=dummy if sample_weight is None else sample_weight,
             c_norm_ptr=prepared.c_norm,
-            labels_ptr=labels, sq_dist_ptr=dummy if sq_dist is None else sq_dist,
+            labels_ptr=labels, sq_dist_ptr=dummy if sq_dist is None else sq_dist, lower_ptr=dummy if lower is None else lower,
             prev_ptr=labels if prev_labels is None else prev_labels,
             flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows,
             sums_ptr=self.acc_sums if accumulate else dummy, counts_ptr=self.acc_counts if accumulate else dummy,
@@ -682,11 +705,15 @@ class AssignPass:
         if self.main_grid:
             cfg = self.cfg
             # ONE_CHUNK: the config's BLOCK_D covers all features, so a row tile is loaded once.
+            # Over a row list the launch is persistent (its length is on the device); main_grid
+            # programs still cover it whole and write every partial slot.
             launcher(_assign_kernel)[(self.main_grid,)](
-                x, prepared.c_mma, prepared.c_lo, prepared.bias, row_index_ptr=self.flag_rows,
-                row_count_ptr=self.flag_count, part_base=0,
+                x, prepared.c_mma, prepared.c_lo, prepared.bias,
+                row_index_ptr=self.flag_rows if rows is None else rows[0],
+                row_count_ptr=self.flag_count if rows is None else rows[1], part_base=0,
                 bound_coef=gap_bound_coefficient(x.dtype, d, split=self.split) if self.check else 0.0,
-                SPLIT=self.split, HAS_ROW_INDEX=False, CHECK=self.check, RAW_MMA=self.fast,
+                SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
+                STORE_LOWER=lower is not None,
                 PRECISION=("tf32" if x.dtype == torch.float32 else "ieee") if self.fast else self.precision,
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
@@ -696,7 +723,7 @@ class AssignPass:
             launcher(_assign_kernel)[(self.recheck_grid,)](
                 x, prepared.c_exact, prepared.c_exact, prepared.bias_exact, row_index_ptr=self.flag_rows,
                 row_count_ptr=self.flag_count, SPLIT=False, part_base=self.main_grid, bound_coef=0.0,
-                HAS_ROW_INDEX=True, CHECK=False, RAW_MMA=False, PRECISION="tf32x3",
+                HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
 

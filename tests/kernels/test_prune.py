@@ -1,0 +1,172 @@
+"""triton_kernels/prune.py: seed 000's scan and the bounds engine against float64 references
+(Triton interpreter on CPU, or a GPU)."""
+
+import numpy as np
+import pytest
+import torch
+from torchkm._kernels.assign import assign
+from torchkm._kernels.prune import (
+    BoundsEngine,
+    TriangleEngine,
+    inter_centroid,
+    scan,
+    scan_reference,
+    settle_reference,
+    workload_stats,
+)
+
+from tests.helpers import assert_labels_match_except_near_ties, f64_sq_distances
+from tests.kernels.conftest import DEVICE
+
+
+def _clustered(n, d, k, seed, sigma=0.05):
+    """Seed 000's generator: k centres uniform in the unit cube, rows Gaussian around them."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(k, d, generator=g)
+    x = centres[torch.randint(0, k, (n,), generator=g)] + sigma * torch.randn(n, d, generator=g)
+    c = x[torch.randperm(n, generator=g)[:k]] + 0.01 * torch.randn(k, d, generator=g)
+    return x.to(DEVICE), c.to(DEVICE)
+
+
+def _check(x, c, labels):
+    xs, cs = x.double().cpu().numpy(), c.double().cpu().numpy()
+    assert_labels_match_except_near_ties(xs, cs, labels.cpu().numpy(), f64_sq_distances(xs, cs).argmin(1))
+
+
+def test_inter_centroid_puts_own_centroid_first_even_with_duplicates():
+    c = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [3.0, 4.0]], device=DEVICE)
+    icd, rid = inter_centroid(c)
+    assert rid[:, 0].tolist() == [0, 1, 2, 3]
+    assert torch.equal(icd, icd.T) and float(icd.diagonal().abs().max()) == 0.0
+    assert float(icd[0, 3]) == pytest.approx(5.0)
+    assert rid[0].tolist() == [0, 2, 1, 3]
+
+
+@pytest.mark.parametrize("has_prev", [False, True])
+@pytest.mark.parametrize("d", [1, 3, 17])
+@pytest.mark.parametrize("k", [1, 7, 40])
+def test_scan_matches_reference_and_dense_labels(d, k, has_prev):
+    n = 301  # not a multiple of the 32-row warp
+    x, c = _clustered(n, d, k, seed=d * 100 + k, sigma=0.1)
+    prev = None
+    if has_prev:
+        prev = torch.randint(0, k, (n,), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    labels = (torch.zeros(n, dtype=torch.int32, device=DEVICE) if prev is None else prev.to(torch.int32).clone())
+    icd, rid = inter_centroid(c)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    got, sq, work = scan(x, c, icd, rid, labels, has_prev=has_prev, sums=sums, counts=counts)
+    ref_labels, ref_sq, ref_work = scan_reference(x.cpu(), c.cpu(), None if prev is None else prev.cpu())
+    _check(x, c, got)
+    assert torch.equal(got.long().cpu(), ref_labels)  # random data: no fp32 ties
+    torch.testing.assert_close(sq.double().cpu(), ref_sq, rtol=1e-5, atol=1e-5)
+    # The kernel's margin can only make it scan further; on these data it never needs to.
+    assert bool((work.cpu() >= ref_work).all()) and float((work.cpu() == ref_work).float().mean()) > 0.98
+    expected_sums = torch.zeros(k, d, dtype=torch.float64).index_add_(0, ref_labels, x.double().cpu())
+    torch.testing.assert_close(sums.double().cpu(), expected_sums, rtol=1e-5, atol=1e-4)
+    assert torch.equal(counts.cpu(), torch.bincount(ref_labels, minlength=k).float())
+
+
+def test_scan_ties_go_to_the_lowest_index():
+    # Two identical centroids and rows at equal distance from 1 and 3: the dense rule picks the lower.
+    c = torch.tensor([[5.0, 5.0], [1.0, 0.0], [5.0, 5.0], [-1.0, 0.0]], device=DEVICE)
+    x = torch.tensor([[0.0, 0.0], [5.0, 5.0], [0.0, 3.0]], device=DEVICE)
+    for start in range(4):
+        labels = torch.full((3,), start, dtype=torch.int32, device=DEVICE)
+        icd, rid = inter_centroid(c)
+        got, _, _ = scan(x, c, icd, rid, labels, has_prev=True)
+        assert got.tolist() == [1, 0, 1]
+
+
+def test_workload_stats_and_theorem_1():
+    g = torch.Generator().manual_seed(0)
+    work = torch.randint(1, 50, (1000,), generator=g)
+    total, spent = workload_stats(work)
+    assert float(total) == float(work.sum())
+    sorted_total, sorted_spent = workload_stats(work.sort(descending=True).values)
+    assert float(sorted_total) == float(total)
+    # Decreasing workload minimises the imbalance ratio (seed 000, Theorem 1).
+    assert float(sorted_spent) <= float(spent)
+    for _ in range(5):
+        _, other = workload_stats(work[torch.randperm(1000, generator=g)])
+        assert float(sorted_spent) <= float(other)
+
+
+def _run(engine, x, passes):
+    """Each pass's labels against the float64 argmin for the centroids that pass saw."""
+    for it in range(passes):
+        c_before = engine.c.clone()
+        engine.iterate(has_prev=it > 0)
+        engine.read(1)
+        _check(x, c_before, engine.labels.long())
+        dense = assign(x, c_before, precision="exact", raw_norms=torch.linalg.vector_norm(x, dim=1))
+        np.testing.assert_array_equal(engine.labels.long().cpu().numpy(), dense.labels.cpu().numpy())
+        expected = torch.zeros_like(engine.sums, dtype=torch.float64).index_add_(0, dense.labels, x.double())
+        torch.testing.assert_close(engine.sums.double(), expected, rtol=1e-4, atol=1e-3)
+    return engine
+
+
+@pytest.mark.parametrize("d,k", [(17, 1), (17, 7), (33, 70), (129, 7)])
+def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
+    n = 301
+    x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
+                          sample_weight=None, normalize=False, tol=0.0)
+    _run(engine, x, 5)
+    assert engine.info is not None and engine.info.kernel == "pruned"
+    if k > 1:
+        assert engine.info.skipped_bound > 0.5  # converging blobs: most rows settle
+
+
+def test_bounds_engine_with_duplicates_ties_offset_and_weights():
+    n, d, k = 257, 17, 9
+    x, c = _clustered(n, d, k, seed=7, sigma=0.02)
+    x[100:140] = x[0]  # duplicate rows
+    c[5] = c[4]  # duplicate centroids: exact ties, the lower index wins
+    offset = x.mean(0)
+    weights = torch.rand(n, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    engine = BoundsEngine(x, c - offset, labels, offset=offset, row_scale=None,
+                          raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=weights,
+                          normalize=False, tol=0.0)
+    for it in range(4):
+        c_before = engine.c.clone()
+        engine.iterate(has_prev=it > 0)
+        engine.read(1)
+        dense = assign(x, c_before, precision="exact", offset=offset, raw_norms=torch.linalg.vector_norm(x, dim=1))
+        np.testing.assert_array_equal(engine.labels.long().cpu().numpy(), dense.labels.cpu().numpy())
+        assert not bool((engine.labels == 5).any()) or it > 0
+        w_expected = torch.zeros(k, dtype=torch.float64).index_add_(0, dense.labels.cpu(), weights.double().cpu())
+        torch.testing.assert_close(engine.counts.double().cpu(), w_expected, rtol=1e-5, atol=1e-5)
+
+
+def test_settle_reference_matches_bound_rule():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(50, 5, generator=g)
+    c = torch.randn(4, 5, generator=g)
+    labels = ((x[:, None] - c[None]) ** 2).sum(-1).argmin(1)
+    sq_all = ((x[:, None] - c[None]) ** 2).sum(-1)
+    second = sq_all.scatter(1, labels[:, None], float("inf")).min(1).values
+    settled, sq, lower = settle_reference(x, c, labels, second, torch.zeros(4))
+    # Unmoved centroids: every row with a clear gap settles, and the bound is the second distance.
+    assert bool(settled[(second - sq) > 1e-3 * second].all())
+    torch.testing.assert_close(lower, second, rtol=1e-4, atol=1e-6)
+    settled, _, lower = settle_reference(x, c, labels, second, torch.full((4,), 100.0))
+    assert not bool(settled.any()) and float(lower.max()) == 0.0
+
+
+def test_triangle_engine_reorders_and_keeps_caller_order():
+    n, d, k = 301, 3, 7
+    x, c = _clustered(n, d, k, seed=11, sigma=0.05)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    engine = TriangleEngine(x, c, labels, offset=None, row_scale=None, sample_weight=None, normalize=False, tol=0.0,
+                            workload_tol=10.0)  # reorder as soon as two passes are in
+    for it in range(5):
+        c_before = engine.c.clone()
+        engine.iterate(has_prev=it > 0)
+        engine.read(1)
+        _check(x, c_before, engine.labels.long())
+    assert engine.epoch == 2 and engine.perm is not None
+    assert bool((engine.work[:-1] >= engine.work[1:]).float().mean() > 0.5)
+    assert engine.info is not None and engine.info.skipped <= engine.info.skipped_bound + 1e-12

@@ -1,0 +1,163 @@
+"""``algorithm="pruned" | "triangle" | "auto"`` through the public API: the same fit as dense Lloyd.
+
+On a CPU machine the kernels run under the Triton interpreter (``TORCHKM_ENGINE=triton``); on a
+GPU the same tests run compiled kernels on CUDA.
+"""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import torchkm
+
+pytest.importorskip("triton")
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+
+
+def _seed000(n, d, k, sigma2, seed):
+    """Seed 000 section V: k centres uniform in the unit cube, n / k rows around each, N(0, sigma2)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(k, d, generator=g)
+    x = centres[torch.arange(n) % k] + sigma2**0.5 * torch.randn(n, d, generator=g)
+    return x[torch.randperm(n, generator=g)].to(DEVICE)
+
+
+def _same_fit(got, ref):
+    assert got.n_iter == ref.n_iter
+    np.testing.assert_array_equal(got.labels.cpu().numpy(), ref.labels.cpu().numpy())
+    torch.testing.assert_close(got.centroids, ref.centroids, rtol=1e-5, atol=1e-5)
+    assert got.inertia == pytest.approx(ref.inertia, rel=1e-5)
+    assert [h.labels_changed for h in got.history] == [h.labels_changed for h in ref.history]
+
+
+# The triangle scan is slow under the interpreter (a loop per warp): fewer seeds for it on CPU.
+CASES = [("pruned", seed, s2) for seed in (0, 1, 2) for s2 in (0.0125, 0.05, 0.3)] + [
+    ("triangle", seed, s2) for seed in ((0, 1, 2) if ON_GPU else (0,)) for s2 in (0.0125, 0.05, 0.3)]
+
+
+@pytest.mark.parametrize("algorithm,seed,sigma2", CASES)
+def test_pruned_fit_equals_dense_fit(kernels, algorithm, seed, sigma2):
+    x = _seed000(400, 17, 24, sigma2, seed)
+    kw = {"init": "random", "random_state": seed, "max_iter": 40, "tol": 0.0}
+    ref = torchkm.fit(x, 24, **kw)
+    got = torchkm.fit(x, 24, algorithm=algorithm, **kw)
+    _same_fit(got, ref)
+    assert {h.kernel for h in got.history} == {algorithm}
+    assert all(h.kernel == "lloyd" and h.skipped == 0.0 for h in ref.history)
+
+
+@pytest.mark.parametrize("algorithm", ["pruned", "triangle"])
+def test_pruned_with_weights_cosine_and_far_from_origin(kernels, algorithm):
+    x = _seed000(300, 17, 10, 0.02, 5) + 50.0  # centred inside, so the distances stay accurate
+    w = torch.rand(300, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    for metric in ("euclidean", "cosine"):
+        kw = {"init": "k-means++", "random_state": 3, "max_iter": 30, "metric": metric, "sample_weight": w}
+        _same_fit(torchkm.fit(x, 10, algorithm=algorithm, **kw), torchkm.fit(x, 10, **kw))
+
+
+def test_pruned_with_duplicates_and_an_empty_cluster(kernels):
+    x = _seed000(200, 17, 5, 0.01, 4)
+    x[50:120] = x[0]  # many identical rows
+    init = torch.cat([x[:4], torch.full((1, 17), 40.0, device=DEVICE)])  # the last centroid gets no rows
+    kw = {"init": init, "max_iter": 20, "tol": 0.0}
+    ref = torchkm.fit(x, 5, **kw)
+    got = torchkm.fit(x, 5, algorithm="pruned", **kw)
+    _same_fit(got, ref)
+    assert got.history[0].empty_clusters == 1
+
+
+def test_pruning_stats_in_history(kernels):
+    x = _seed000(640, 17, 16, 0.0125, 0)
+    km = torchkm.KMeans(16, init="random", random_state=0, algorithm="pruned", tol=0.0).fit(x)
+    h = km.history_
+    assert h[0].skipped_bound <= 0.0  # the first pass searches every row
+    assert max(s.skipped_bound for s in h[1:]) > 0.8  # well-clustered: most rows settle
+    assert all(s.skipped <= s.skipped_bound + 1e-12 and s.imbalance >= 0.0 for s in h)
+    tri = torchkm.KMeans(16, init="random", random_state=0, algorithm="triangle", tol=0.0).fit(x)
+    assert tri.n_iter_ == km.n_iter_
+    assert all(0.0 <= s.skipped <= s.skipped_bound <= 1.0 for s in tri.history_)
+
+
+def test_auto_keeps_small_problems_dense_and_matches(kernels):
+    x = _seed000(300, 17, 8, 0.05, 0)
+    kw = {"init": "random", "random_state": 0, "tol": 0.0}
+    got = torchkm.fit(x, 8, algorithm="auto", **kw)
+    _same_fit(got, torchkm.fit(x, 8, **kw))
+    assert {h.kernel for h in got.history} == {"lloyd"}
+
+
+def test_auto_switches_to_pruned_and_back(kernels, monkeypatch):
+    from torchkm import _loop
+
+    monkeypatch.setattr(_loop._Hybrid, "min_work", 0)
+    x = _seed000(640, 17, 16, 0.0125, 1)
+    kw = {"init": "random", "random_state": 1, "tol": 0.0}
+    ref = torchkm.fit(x, 16, **kw)
+    got = torchkm.fit(x, 16, algorithm="auto", **kw)
+    _same_fit(got, ref)
+    kernels_run = [h.kernel for h in got.history]
+    assert kernels_run[0] == "lloyd" and "pruned" in kernels_run
+    # Told that dense passes cost nothing, the hybrid goes back to them.
+    monkeypatch.setattr(_loop._Hybrid, "enter_changed", 1.0)
+    real_after = _loop._Hybrid.after
+
+    def after(self, stats, kernel, n, rows, first):
+        if kernel == "lloyd":
+            stats = _loop.IterationStats(**{**stats.__dict__, "seconds": 0.0})
+        return real_after(self, stats, kernel, n, rows, first)
+
+    monkeypatch.setattr(_loop._Hybrid, "after", after)
+    got = torchkm.fit(x, 16, **{**kw, "max_iter": 12}, algorithm="auto")
+    kernels_run = [h.kernel for h in got.history]
+    assert "pruned" in kernels_run and kernels_run[-1] == "lloyd"
+    _same_fit(got, torchkm.fit(x, 16, **{**kw, "max_iter": 12}))
+
+
+def test_pure_torch_engine_runs_dense_and_says_so(monkeypatch, caplog):
+    monkeypatch.setenv("TORCHKM_ENGINE", "torch")
+    x = _seed000(200, 17, 4, 0.05, 0).cpu()
+    with caplog.at_level(logging.INFO, logger="torchkm"):
+        got = torchkm.fit(x, 4, random_state=0, algorithm="pruned")
+    assert {h.kernel for h in got.history} == {"lloyd"}
+    assert "needs the Triton kernels" in caplog.text
+    _same_fit(got, torchkm.fit(x, 4, random_state=0))
+
+
+def test_small_d_pruned_runs_dense(kernels, caplog):
+    x = _seed000(200, 3, 4, 0.05, 0)
+    with caplog.at_level(logging.INFO, logger="torchkm"):
+        got = torchkm.fit(x, 4, random_state=0, algorithm="pruned")
+    assert {h.kernel for h in got.history} == {"lloyd"} and "d > 8" in caplog.text
+    tri = torchkm.fit(x, 4, random_state=0, algorithm="triangle")  # the scan serves any d
+    _same_fit(tri, got)
+
+
+def test_bad_algorithm_and_conflicts():
+    x = torch.randn(50, 4)
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        torchkm.fit(x, 3, algorithm="elkan")
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        torchkm.KMeans(3, algorithm="fast")
+    with pytest.raises(ValueError, match="deterministic=True needs algorithm='lloyd'"):
+        torchkm.fit(x, 3, algorithm="pruned", deterministic=True)
+
+
+def test_sklearn_wrapper_maps_elkan_to_pruned():
+    pytest.importorskip("sklearn")
+    from torchkm.sklearn import KMeans as SkKMeans
+
+    x = _seed000(200, 17, 4, 0.05, 0).cpu().numpy()
+    est = SkKMeans(4, algorithm="elkan", random_state=0, device="cpu").fit(x)
+    assert est.get_params()["algorithm"] == "elkan"
+    np.testing.assert_array_equal(est.labels_, SkKMeans(4, random_state=0, device="cpu").fit(x).labels_)

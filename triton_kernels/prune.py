@@ -1,0 +1,525 @@
+"""Lloyd iterations that skip distance computations, with labels equal to the dense pass's.
+
+Two engines with the interface of ``lloyd.LloydEngine`` (``iterate``, ``read``, ``labels``, ``c``,
+``c_old``, ``sums``, ``counts``, ``stats``):
+
+``TriangleEngine`` -- seed 000 (Wu & Hong), faithfully. Before each pass the inter-centroid
+    distances ``ICD`` (k x k) and the ranked index ``RID`` (each row of ICD argsorted) are computed
+    on the GPU. One lane per row scans the centroids in the order ``RID[old label]`` and stops at
+    the first ``c_j`` with ``ICD[old][j] > 2 d(x, c_old)`` (Alg. 3): every later centroid is
+    farther than the old one. The number of distances a row computed is its workload ``M``. While
+    the mean of ``M`` still moves (Epoch 1) the rows are processed in their given order; once it
+    changes by less than ``workload_tol`` between two passes, the rows (and their storage) are
+    reordered by decreasing ``M`` (Alg. 4; Theorem 1: this minimises the imbalance ratio R of
+    eq. 2), and Epoch 2 runs on the reordered copy. A program is one warp of 32 rows walking in
+    lockstep until its slowest row stops, so its cost is the warp's largest ``M``, as in the paper.
+
+``BoundsEngine`` -- the same idea at tensor-core granularity (Hamerly's bounds). Each row keeps a
+    lower bound on its distance to every centroid but its own, taken from the second-best score of
+    the exact pass and lowered by the largest centroid move after each update. A settle pass reads
+    every row once: it computes the exact distance to the row's own (moved) centroid, adds the row
+    to its cluster's sums when that distance is below the bound, and otherwise appends the row to a
+    compact list. Only the listed rows go through the fused tensor-core search (persistent over the
+    list, whose length stays on the device), so converged rows cost one read and no search.
+
+Exactness: the bounds carry relative margins larger than fp32 rounding, so a row is kept only when
+its own centroid is nearer than every other by more than the rounding of an fp32 distance; the
+search over the listed rows is the exact mode's. Labels then equal the dense exact pass's up to
+ties within fp32 rounding. Both engines synchronise once per pass (to read the statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import UPDATE_NONE, accumulate_rows, launcher, load_rows, onehot_width
+from .assign import SMALL_D, AssignPass
+from .centroids import finish_update
+
+__all__ = [
+    "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
+    "settle_reference", "workload_stats",
+]
+
+WARP = 32  # rows per program of the scan: one warp, the unit of divergence in seed 000
+
+
+def distance_margin(d: int) -> float:
+    """Relative margin on squared fp32 distances of d features: a few times their worst rounding."""
+    return 8.0 * (d + 2) * 2.0**-24 + 2.0**-20
+
+
+@dataclass
+class PassInfo:
+    """What one pass of a pruned engine did (read with its statistics, in the same sync).
+
+    ``searched``: (row, centroid) distances computed by the search; ``processed``: those the hardware
+    spent (a warp or tile runs as long as its slowest row); ``n_rows``/``k``: the dense pass's
+    ``n * k``; ``kernel``: which engine ran. ``skipped`` = 1 - processed / (n k),
+    ``skipped_bound`` = 1 - searched / (n k) (seed 000's theoretical upper bound), and
+    ``imbalance`` = processed / searched - 1 (eq. 2).
+    """
+
+    kernel: str
+    searched: float
+    processed: float
+    n_rows: int
+    k: int
+
+    @property
+    def skipped(self) -> float:
+        return 1.0 - self.processed / max(1.0, self.n_rows * self.k)
+
+    @property
+    def skipped_bound(self) -> float:
+        return 1.0 - self.searched / max(1.0, self.n_rows * self.k)
+
+    @property
+    def imbalance(self) -> float:
+        return self.processed / self.searched - 1.0 if self.searched else 0.0
+
+
+def workload_stats(work: torch.Tensor, group: int = WARP) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum of M, sum over groups of max M * group)`` for rows processed in groups of ``group``
+    consecutive rows (eq. 2's numerator and denominator), as 0-d float64 device tensors."""
+    n = work.numel()
+    pad = (-n) % group
+    w = torch.nn.functional.pad(work.to(torch.float64), (0, pad))
+    return w.sum(), w.view(-1, group).amax(1).sum() * group
+
+
+# ----------------------------------------------------------------------------------------------
+# Seed 000: inter-centroid distances, ranked index, and the scan (Alg. 3) with the update fused.
+
+
+def inter_centroid(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ICD, RID)``: float32 (k, k) distances between centroids from direct differences (no
+    ``||a||^2 - 2ab + ||b||^2`` cancellation), and int32 (k, k) each row's centroids by increasing
+    distance, the row's own centroid first."""
+    c = c.to(torch.float32)
+    icd = torch.cdist(c, c, compute_mode="donot_use_mm_for_euclid_dist")
+    # The own centroid sorts first even among duplicates (which sit at distance 0 too).
+    icd.fill_diagonal_(-1.0)
+    rid = torch.argsort(icd, dim=1, stable=True).to(torch.int32)
+    icd.fill_diagonal_(0.0)
+    return icd, rid
+
+
+@triton.jit
+def _scan_kernel(
+    x_ptr, c_ptr, icd_ptr, rid_ptr, offset_ptr, scale_ptr, weight_ptr,
+    labels_ptr, sq_dist_ptr, work_ptr, sums_ptr, counts_ptr, part_inertia_ptr, part_changed_ptr,
+    n, k, d, stride_xn, stride_xd, margin,
+    BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    dims = tl.arange(0, DP)
+    dim_mask = dims < d
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
+    else:
+        scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+    if HAS_PREV:
+        old = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int32)
+    else:
+        # No previous label: scan from centroid 0 (the test holds for any reference centroid).
+        old = tl.zeros((BLOCK_N,), tl.int32)
+    old64 = old.to(tl.int64)
+    c_old = tl.load(c_ptr + old64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+    diff = xr - c_old
+    best = tl.sum(diff * diff, axis=1)
+    label = old
+    # Stop at ICD[old][j] > 2 d(x, c_old), in squares, with a margin over fp32 rounding.
+    limit = 4.0 * best * (1.0 + margin)
+    work = row_mask.to(tl.int32)
+    active = row_mask
+    j = pid * 0 + 1
+    go = (tl.max(active.to(tl.int32), axis=0) > 0) & (j < k)
+    while go:
+        cur = tl.load(rid_ptr + old64 * k + j, mask=active, other=0)
+        cur64 = cur.to(tl.int64)
+        icd = tl.load(icd_ptr + old64 * k + cur64, mask=active, other=0.0)
+        active = active & (icd * icd <= limit)
+        cj = tl.load(c_ptr + cur64[:, None] * d + dims[None, :], mask=active[:, None] & dim_mask[None, :], other=0.0)
+        diff = xr - cj
+        dist = tl.sum(diff * diff, axis=1)
+        # Ties go to the lowest index, as in the dense pass (the scan order is not index order).
+        better = active & ((dist < best) | ((dist == best) & (cur < label)))
+        best = tl.where(better, dist, best)
+        label = tl.where(better, cur, label)
+        work += active.to(tl.int32)
+        j += 1
+        go = (tl.max(active.to(tl.int32), axis=0) > 0) & (j < k)
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
+    else:
+        w = row_mask.to(tl.float32)
+    if HAS_PREV:
+        changed = tl.sum((row_mask & (label != old)).to(tl.int64), axis=0)
+    else:
+        changed = tl.sum(row_mask.to(tl.int64), axis=0)
+    tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
+    tl.store(sq_dist_ptr + rows, best, mask=row_mask)
+    tl.store(work_ptr + rows, work, mask=row_mask)
+    tl.store(part_inertia_ptr + pid, tl.sum(tl.where(row_mask, best * w, 0.0), axis=0))
+    tl.store(part_changed_ptr + pid, changed)
+    if UPDATE != 0:
+        accumulate_rows(sums_ptr, counts_ptr, label.to(tl.int64), w, row_mask, xr, dims, dim_mask, True, k, d, KP, UPDATE)
+
+
+def scan(
+    x: torch.Tensor, centroids: torch.Tensor, icd: torch.Tensor, rid: torch.Tensor, labels: torch.Tensor, *,
+    has_prev: bool, offset: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
+    sample_weight: torch.Tensor | None = None, sq_dist: torch.Tensor | None = None, work: torch.Tensor | None = None,
+    sums: torch.Tensor | None = None, counts: torch.Tensor | None = None,
+    part_inertia: torch.Tensor | None = None, part_changed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seed 000's labelling pass (Alg. 3) over the transformed rows of ``x``: ``labels`` (int32/int64,
+    read as the previous labels when ``has_prev``, then overwritten), and returns
+    ``(labels, sq_dist, work)``: the squared distance to the chosen centroid and each row's
+    workload M (distances computed, the old centroid's included). ``sums``/``counts`` (float32 (k, d)
+    and (k,)), when given, receive the rows of each cluster; ``part_inertia``/``part_changed`` one
+    partial per 32-row program."""
+    n, d = x.shape
+    k = centroids.shape[0]
+    device = x.device
+    c32 = centroids.to(torch.float32).contiguous()
+    sq_dist = torch.empty(n, dtype=torch.float32, device=device) if sq_dist is None else sq_dist
+    work = torch.empty(n, dtype=torch.int32, device=device) if work is None else work
+    grid = triton.cdiv(n, WARP)
+    if part_inertia is None:
+        part_inertia = torch.empty(max(1, grid), dtype=torch.float32, device=device)
+        part_changed = torch.empty(max(1, grid), dtype=torch.int64, device=device)
+    dummy = torch.empty(1, dtype=torch.float32, device=device)
+    mode = UPDATE_NONE if sums is None else (1 if k <= 64 else 2)
+    if grid:
+        launcher(_scan_kernel)[(grid,)](
+            x, c32, icd, rid, dummy if offset is None else offset, dummy if row_scale is None else row_scale,
+            dummy if sample_weight is None else sample_weight, labels, sq_dist, work,
+            dummy if sums is None else sums, dummy if counts is None else counts, part_inertia, part_changed,
+            n, k, d, x.stride(0), x.stride(1), distance_margin(d),
+            BLOCK_N=WARP, DP=max(16, triton.next_power_of_2(d)), KP=onehot_width(k) if mode == 1 else 16,
+            HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
+            HAS_PREV=has_prev, UPDATE=mode, num_warps=1,
+        )
+    return labels, sq_dist, work
+
+
+def scan_reference(
+    x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pure-torch Alg. 3 on transformed rows (small sizes): ``(labels, sq_dist, work)`` in float64
+    arithmetic, with the scan's own stopping rule (no margin)."""
+    x = x.double()
+    c = centroids.double()
+    n, k = x.shape[0], c.shape[0]
+    icd = torch.cdist(c, c)
+    icd.fill_diagonal_(-1.0)
+    rid = torch.argsort(icd, dim=1, stable=True)
+    icd.fill_diagonal_(0.0)
+    old = torch.zeros(n, dtype=torch.long) if labels is None else labels.long()
+    out_labels = old.clone()
+    out_sq = ((x - c[old]) ** 2).sum(1)
+    work = torch.ones(n, dtype=torch.int32)
+    for i in range(n):
+        o = int(old[i])
+        limit = 2.0 * math.sqrt(float(out_sq[i]))
+        for j in range(1, k):
+            cur = int(rid[o, j])
+            if float(icd[o, cur]) > limit:
+                break
+            work[i] += 1
+            dist = float(((x[i] - c[cur]) ** 2).sum())
+            if dist < float(out_sq[i]) or (dist == float(out_sq[i]) and cur < int(out_labels[i])):
+                out_sq[i] = dist
+                out_labels[i] = cur
+    return out_labels, out_sq, work
+
+
+class TriangleEngine:
+    """Lloyd iterations on seed 000's pruned pass (see the module docstring), with the update fused
+    into the pass and ``finish_update`` moving the centroids.
+
+    ``labels`` is in the caller's row order throughout; once reordered, the engine works on a
+    permuted copy of the rows (``perm``) and scatters its labels back after each pass.
+    """
+
+    kernel = "triangle"
+
+    def __init__(
+        self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
+        row_scale: torch.Tensor | None, sample_weight: torch.Tensor | None, normalize: bool, tol: float,
+        reorder: bool = True, workload_tol: float = 0.01,
+    ):
+        n, d = x.shape
+        k = centroids.shape[0]
+        device = x.device
+        self.block, self.tol_device, self.normalize = 1, tol, normalize
+        self.x, self.offset, self.row_scale, self.weight = x, offset, row_scale, sample_weight
+        self.labels = labels
+        self.own_labels = labels  # the engine's labels, in its row order
+        self.perm: torch.Tensor | None = None
+        self.reorder, self.workload_tol = reorder, workload_tol
+        self.c = centroids.to(torch.float32).contiguous().clone()
+        self.c_old = torch.empty_like(self.c)
+        self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
+        self.counts = torch.empty(k, dtype=torch.float32, device=device)
+        self.acc_sums = torch.empty(1, k, d, dtype=torch.float32, device=device)
+        self.acc_counts = torch.empty(1, k, dtype=torch.float32, device=device)
+        self.sq_dist = torch.empty(n, dtype=torch.float32, device=device)
+        self.work = torch.zeros(n, dtype=torch.int32, device=device)
+        grid = max(1, triton.cdiv(n, WARP))
+        self.part_inertia = torch.empty(grid, dtype=torch.float32, device=device)
+        self.part_changed = torch.empty(grid, dtype=torch.int64, device=device)
+        self.stats = torch.zeros(1, 4, dtype=torch.float64, device=device)
+        self.mean_work: list[float] = []
+        self.info: PassInfo | None = None
+        self.epoch = 1
+        self._work_sums: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _reorder(self) -> None:
+        """Alg. 4 line 6: rows (and their storage) in decreasing order of their last workload."""
+        perm = torch.argsort(self.work, descending=True, stable=True)
+        self.perm = perm
+        self.x = self.x[perm].contiguous()
+        if self.row_scale is not None:
+            self.row_scale = self.row_scale[perm].contiguous()
+        if self.weight is not None:
+            self.weight = self.weight[perm].contiguous()
+        self.own_labels = self.labels[perm].contiguous()
+        self.work = self.work[perm].contiguous()
+        self.epoch = 2
+
+    def iterate(self, has_prev: bool) -> None:
+        if has_prev and self.perm is None and self.reorder and len(self.mean_work) >= 2:
+            prev, last = self.mean_work[-2:]
+            if abs(last - prev) <= self.workload_tol * prev:
+                self._reorder()
+        if self.perm is not None and not has_prev:
+            raise RuntimeError("a reordered TriangleEngine continues from its labels")
+        icd, rid = inter_centroid(self.c)
+        self.acc_sums.zero_()
+        self.acc_counts.zero_()
+        self.stats.zero_()
+        scan(self.x, self.c, icd, rid, self.own_labels, has_prev=has_prev, offset=self.offset, row_scale=self.row_scale,
+             sample_weight=self.weight, sq_dist=self.sq_dist, work=self.work, sums=self.acc_sums[0],
+             counts=self.acc_counts[0], part_inertia=self.part_inertia, part_changed=self.part_changed)
+        if self.perm is not None:
+            self.labels[self.perm] = self.own_labels
+        finish_update(self.acc_sums, self.acc_counts, self.c, self.part_inertia, self.part_changed, self.stats[0],
+                      normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts)
+        self._work_sums = workload_stats(self.work)
+
+    def read(self, rows: int) -> list[list[float]]:
+        assert self._work_sums is not None
+        values = torch.cat([self.stats[0], torch.stack(self._work_sums)]).tolist()
+        n, k = self.x.shape[0], self.c.shape[0]
+        self.mean_work.append(values[4] / max(1, n))
+        self.info = PassInfo(self.kernel, values[4], values[5], n, k)
+        return [values[:4]]
+
+    @property
+    def sq_distances(self) -> torch.Tensor:
+        """Squared distance of each row (caller's order) to its centroid at the last pass."""
+        if self.perm is None:
+            return self.sq_dist
+        out = torch.empty_like(self.sq_dist)
+        out[self.perm] = self.sq_dist
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Bounds at tensor-core granularity: settle pass + compacted exact search.
+
+
+@triton.jit
+def _settle_kernel(
+    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_ptr, shift_top_ptr,
+    active_rows_ptr, active_count_ptr, sums_ptr, counts_ptr, part_inertia_ptr, part_base,
+    n, k, d, stride_xn, stride_xd, n_replicas, margin,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    replica = pid % n_replicas
+    rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
+    else:
+        scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+    label = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    # The other centroids moved by at most the largest shift but the row's own centroid's.
+    top1 = tl.load(shift_top_ptr)
+    top2 = tl.load(shift_top_ptr + 1)
+    top_index = tl.load(shift_top_ptr + 2).to(tl.int64)
+    moved = tl.where(label == top_index, top2, top1)
+    lower = tl.sqrt(tl.load(lower_ptr + rows, mask=row_mask, other=0.0))
+    lower = tl.maximum(lower * (1.0 - margin) - moved * (1.0 + margin), 0.0)
+    # The exact distance to the row's own moved centroid: the bound's test, the inertia and the sums.
+    dims0 = tl.arange(0, BLOCK_D)
+    sq = tl.zeros((BLOCK_N,), tl.float32)
+    if ONE_CHUNK:
+        xr = load_rows(x_ptr, rows, row_mask, dims0, dims0 < d, stride_xn, stride_xd, offset_ptr, scale,
+                       HAS_OFFSET, HAS_SCALE)
+        cr = tl.load(c_ptr + label[:, None] * d + dims0[None, :], mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
+        diff = xr - cr
+        sq = tl.sum(diff * diff, axis=1)
+    else:
+        for d0 in range(0, d, BLOCK_D):
+            dims = d0 + dims0
+            xr = load_rows(x_ptr, rows, row_mask, dims, dims < d, stride_xn, stride_xd, offset_ptr, scale,
+                           HAS_OFFSET, HAS_SCALE)
+            cr = tl.load(c_ptr + label[:, None] * d + dims[None, :], mask=row_mask[:, None] & (dims < d)[None, :], other=0.0)
+            diff = xr - cr
+            sq += tl.sum(diff * diff, axis=1)
+    settled = row_mask & (sq * (1.0 + margin) < lower * lower)
+    unsettled = row_mask & (settled == 0)
+    n_active = tl.sum(unsettled.to(tl.int32), axis=0)
+    base = tl.atomic_add(active_count_ptr, n_active)
+    pos = base + tl.cumsum(unsettled.to(tl.int32), axis=0) - 1
+    tl.store(active_rows_ptr + pos, rows.to(tl.int32), mask=unsettled)
+    tl.store(sq_dist_ptr + rows, sq, mask=settled)
+    tl.store(lower_ptr + rows, lower * lower, mask=settled)
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
+    else:
+        w = tl.full((BLOCK_N,), 1.0, tl.float32)
+    w = tl.where(settled, w, 0.0)
+    tl.store(part_inertia_ptr + part_base + pid, tl.sum(sq * w, axis=0))
+    if UPDATE != 0:
+        if ONE_CHUNK:
+            accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label, w, settled, xr, dims0,
+                            dims0 < d, True, k, d, KP, UPDATE)
+        else:
+            for d0 in range(0, d, BLOCK_D):
+                dims = d0 + dims0
+                xr = load_rows(x_ptr, rows, row_mask, dims, dims < d, stride_xn, stride_xd, offset_ptr, scale,
+                               HAS_OFFSET, HAS_SCALE)
+                accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label, w, settled, xr, dims,
+                                dims < d, d0 == 0, k, d, KP, UPDATE)
+
+
+def settle_reference(
+    x_t: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, lower_sq: torch.Tensor, shifts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pure-torch settle test on transformed rows: ``(settled mask, exact sq distance to the own
+    centroid, new lower bound (squared))``, with the kernel's margins."""
+    d = x_t.shape[1]
+    margin = distance_margin(d)
+    labels = labels.long()
+    top = torch.topk(shifts, min(2, shifts.numel())).indices
+    top1 = shifts[top[0]]
+    top2 = shifts[top[1]] if top.numel() > 1 else torch.zeros_like(top1)
+    moved = torch.where(labels == top[0], top2, top1)
+    lower = (lower_sq.sqrt() * (1 - margin) - moved * (1 + margin)).clamp_min(0)
+    sq = ((x_t.float() - c[labels]) ** 2).sum(1)
+    return sq * (1 + margin) < lower * lower, sq, lower * lower
+
+
+class BoundsEngine:
+    """Lloyd iterations with per-row lower bounds and a compacted exact search (module docstring).
+
+    The first pass searches every row (and records its bound); each later pass is: shifts of the
+    centroids, the settle pass (all rows, one read), the preparation of the centroids, the search of
+    the listed rows (persistent; the exact mode's re-search after it), and ``finish_update``.
+    Needs the exact mode's best two candidates, so d > 8.
+    """
+
+    kernel = "pruned"
+
+    def __init__(
+        self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
+        row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None,
+        normalize: bool, tol: float,
+    ):
+        n, d = x.shape
+        k = centroids.shape[0]
+        if d <= SMALL_D:
+            raise ValueError(f"the bounds engine needs d > {SMALL_D} (the exact tensor-core pass), got d={d}")
+        device = x.device
+        self.block, self.tol_device, self.normalize = 1, tol, normalize
+        self.x, self.labels = x, labels
+        self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
+        self.settle_block = 128
+        self.settle_grid = triton.cdiv(n, self.settle_block)
+        self.assign_pass = AssignPass(x, k, "exact", update=True, extra_partials=self.settle_grid)
+        self.c = centroids.to(torch.float32).contiguous().clone()
+        self.c_old = torch.empty_like(self.c)
+        self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
+        self.counts = torch.empty(k, dtype=torch.float32, device=device)
+        self.stats = torch.zeros(1, 4, dtype=torch.float64, device=device)
+        self.sq_dist = torch.empty(n, dtype=torch.float32, device=device)
+        self.lower = torch.zeros(n, dtype=torch.float32, device=device)
+        self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
+        self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
+        self.info: PassInfo | None = None
+        self._full = True
+        self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
+
+    def iterate(self, has_prev: bool) -> None:
+        p = self.assign_pass
+        n, d = self.x.shape
+        k = self.c.shape[0]
+        inp = self.inputs
+        if not has_prev:
+            self._full = True
+        if self._full:
+            # No bounds yet: search every row (this is a dense pass), recording the bounds.
+            p.part_inertia[p.extra_base:].zero_()
+            self.active_count.fill_(n)
+            p(self.x, self.c, **inp, prev_labels=self.labels if has_prev else None, labels=self.labels,
+              sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
+            self._full = False
+        else:
+            # How far each centroid moved since the bounds were taken (c_old: the centroids of
+            # the last pass; empty-cluster relocation may have moved c since).
+            shifts = torch.linalg.vector_norm(self.c - self.c_old, dim=1) * (1.0 + 2.0**-20)
+            top = torch.topk(shifts, min(2, k))
+            shift_top = torch.zeros(3, dtype=torch.float32, device=self.x.device)
+            shift_top[: top.values.numel()] = top.values
+            shift_top[2] = top.indices[0].to(torch.float32)
+            self.active_count.zero_()
+            p.acc.zero_()
+            one_chunk = d <= 64
+            block_d = max(16, triton.next_power_of_2(d)) if one_chunk else 32
+            dummy = torch.empty(1, dtype=torch.float32, device=self.x.device)
+            launcher(_settle_kernel)[(self.settle_grid,)](
+                self.x, self.c, dummy if inp["offset"] is None else inp["offset"],
+                dummy if inp["row_scale"] is None else inp["row_scale"],
+                dummy if inp["sample_weight"] is None else inp["sample_weight"],
+                self.labels, self.sq_dist, self.lower, shifts, shift_top, self.active_rows, self.active_count,
+                p.acc_sums, p.acc_counts, p.part_inertia, p.extra_base,
+                n, k, d, self.x.stride(0), self.x.stride(1), p.n_replicas, distance_margin(d),
+                BLOCK_N=self.settle_block, BLOCK_D=block_d, KP=onehot_width(k) if p.update == 1 else 16,
+                ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None, HAS_SCALE=inp["row_scale"] is not None,
+                HAS_WEIGHT=inp["sample_weight"] is not None, UPDATE=p.update, num_warps=4,
+            )
+            # The accumulators already hold the settled rows: the preparation must not clear them.
+            p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
+              zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False)
+        finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
+                      normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts)
+
+    def read(self, rows: int) -> list[list[float]]:
+        p = self.assign_pass
+        values = torch.cat([self.stats[0], self.active_count.double(), p.flag_count.double()]).tolist()
+        n, k = self.x.shape[0], self.c.shape[0]
+        active, flagged = values[4], values[5]
+        block = p.cfg["BLOCK_N"]
+        tiles = math.ceil(active / block) * block
+        self.info = PassInfo(self.kernel, (active + flagged) * k, (tiles + flagged) * k, n, k)
+        return [values[:4]]
+
+    @property
+    def sq_distances(self) -> torch.Tensor:
+        return self.sq_dist
