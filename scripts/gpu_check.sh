@@ -4,7 +4,8 @@
 #   for the faiss tests, flash-kmeans for the side-by-side benchmark, and tqdm).
 # Installs torchkm over the image's own torch/Triton (no downloads), runs the whole test suite on
 # the GPU (CUDA and compiled-kernel tests included), the quickstart on CUDA, then the benchmarks
-# named in BENCHES (default "lloyd vq": bench_lloyd.py with the arguments given here, then
+# named in BENCHES (default "lloyd vq": bench_lloyd.py with the arguments given here, "prune":
+# bench_prune.py with PRUNE_ARGS, then
 # bench_vq.py and the VQ-VAE example against vector-quantize-pytorch, whose wheels and those of its
 # dependencies are carried in .whl too). Logs, pictures and JSON go to $OUT.
 # GPU_CHECK_SKIP_TESTS=1 runs the benchmarks only.
@@ -30,6 +31,7 @@ fi
 for bench in ${BENCHES:-lloyd vq}; do
   case "$bench" in
     lloyd) python3 benchmarks/bench_lloyd.py --json "$OUT/bench_lloyd.json" "$@" 2>&1 | tee "$OUT/bench_lloyd.log" ;;
+    prune) python3 benchmarks/bench_prune.py --json "$OUT/bench_prune.json" ${PRUNE_ARGS:-} 2>&1 | tee "$OUT/bench_prune.log" ;;
     vq)
       python3 benchmarks/bench_vq.py --json "$OUT/bench_vq.json" 2>&1 | tee "$OUT/bench_vq.log"
       python3 examples/vqvae.py --device cuda --compare --out "$OUT/vqvae" 2>&1 | tee "$OUT/vqvae_cuda.log" ;;
