@@ -110,7 +110,9 @@ def inter_centroid(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return icd, rid
 
 
-@triton.jit
+# k is never specialised: Triton folds an argument equal to 1 into a constant, and the scan's loop
+# bound then crashes the Triton 3.6 compiler (TritonGPUCoalesce).
+@triton.jit(do_not_specialize=["k"])
 def _scan_kernel(
     x_ptr, c_ptr, icd_ptr, rid_ptr, offset_ptr, scale_ptr, weight_ptr,
     labels_ptr, sq_dist_ptr, work_ptr, sums_ptr, counts_ptr, part_inertia_ptr, part_changed_ptr,
