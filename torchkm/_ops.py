@@ -152,8 +152,9 @@ def pruned_engine(
               "normalize": data.normalize, "tol": tol}
     if kind == "triangle":
         return TriangleEngine(data.x, centroids, labels, **common)
-    raw_norms = data.raw_norms
-    return BoundsEngine(data.x, centroids, labels, raw_norms=raw_norms, **common)
+    graphs = data.device.type == "cuda" and os.environ.get("TORCHKM_CUDA_GRAPHS", "1") != "0" \
+        and not torch.compiler.is_compiling()
+    return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, **common)
 
 
 def bounds_supported(data: DataView) -> bool:

@@ -37,7 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import UPDATE_NONE, accumulate_rows, launcher, load_rows, onehot_width
+import logging
+
+from ._common import UPDATE_NONE, UPDATE_ONEHOT, accumulate_rows, launcher, load_rows, onehot_width
 from .assign import SMALL_D, AssignPass
 from .centroids import finish_update
 
@@ -45,6 +47,8 @@ __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
     "settle_reference", "workload_stats",
 ]
+
+logger = logging.getLogger("torchkm")
 
 WARP = 32  # rows per program of the scan: one warp, the unit of divergence in seed 000
 
@@ -442,7 +446,7 @@ class BoundsEngine:
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
         row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None,
-        normalize: bool, tol: float,
+        normalize: bool, tol: float, graphs: bool = False,
     ):
         n, d = x.shape
         k = centroids.shape[0]
@@ -466,49 +470,79 @@ class BoundsEngine:
         self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
         self.info: PassInfo | None = None
         self._full = True
+        # A settle pass is about five launches whose Python cost (~2 ms) dwarfs a small pass: the
+        # second one is captured as a CUDA graph and replayed from then on (no host sync inside).
+        self._use_graphs = graphs and x.device.type == "cuda"
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._settle_passes = 0
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
     def iterate(self, has_prev: bool) -> None:
         p = self.assign_pass
-        n, d = self.x.shape
-        k = self.c.shape[0]
-        inp = self.inputs
+        n = self.x.shape[0]
         if not has_prev:
             self._full = True
         if self._full:
             # No bounds yet: search every row (this is a dense pass), recording the bounds.
             p.part_inertia[p.extra_base:].zero_()
             self.active_count.fill_(n)
-            p(self.x, self.c, **inp, prev_labels=self.labels if has_prev else None, labels=self.labels,
+            p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
               sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
             self._full = False
-        else:
-            # How far each centroid moved since the bounds were taken (c_old: the centroids of
-            # the last pass; empty-cluster relocation may have moved c since).
-            shifts = torch.linalg.vector_norm(self.c - self.c_old, dim=1) * (1.0 + 2.0**-20)
-            top = torch.topk(shifts, min(2, k))
-            shift_top = torch.zeros(3, dtype=torch.float32, device=self.x.device)
-            shift_top[: top.values.numel()] = top.values
-            shift_top[2] = top.indices[0].to(torch.float32)
-            self.active_count.zero_()
-            p.acc.zero_()
-            one_chunk = d <= 64
-            block_d = max(16, triton.next_power_of_2(d)) if one_chunk else 32
-            dummy = torch.empty(1, dtype=torch.float32, device=self.x.device)
-            launcher(_settle_kernel)[(self.settle_grid,)](
-                self.x, self.c, dummy if inp["offset"] is None else inp["offset"],
-                dummy if inp["row_scale"] is None else inp["row_scale"],
-                dummy if inp["sample_weight"] is None else inp["sample_weight"],
-                self.labels, self.sq_dist, self.lower, shifts, shift_top, self.active_rows, self.active_count,
-                p.acc_sums, p.acc_counts, p.part_inertia, p.extra_base,
-                n, k, d, self.x.stride(0), self.x.stride(1), p.n_replicas, distance_margin(d),
-                BLOCK_N=self.settle_block, BLOCK_D=block_d, KP=onehot_width(k) if p.update == 1 else 16,
-                ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None, HAS_SCALE=inp["row_scale"] is not None,
-                HAS_WEIGHT=inp["sample_weight"] is not None, UPDATE=p.update, num_warps=4,
-            )
-            # The accumulators already hold the settled rows: the preparation must not clear them.
-            p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
-              zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False)
+            finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
+                          normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts)
+            return
+        if self._graph is not None:
+            self._graph.replay()
+            return
+        if self._use_graphs and self._settle_passes >= 1:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    self._settle_pass()
+            except RuntimeError as err:  # capture unsupported here: stay eager
+                logger.debug("CUDA graph capture of the settle pass failed (%s)", err)
+                self._use_graphs = False
+                self._settle_pass()
+                return
+            self._graph = graph
+            graph.replay()
+            return
+        self._settle_pass()
+        self._settle_passes += 1
+
+    def _settle_pass(self) -> None:
+        p = self.assign_pass
+        n, d = self.x.shape
+        k = self.c.shape[0]
+        inp = self.inputs
+        # How far each centroid moved since the bounds were taken (c_old: the centroids of
+        # the last pass; empty-cluster relocation may have moved c since).
+        shifts = torch.linalg.vector_norm(self.c - self.c_old, dim=1) * (1.0 + 2.0**-20)
+        top = torch.topk(shifts, min(2, k))
+        shift_top = torch.zeros(3, dtype=torch.float32, device=self.x.device)
+        shift_top[: top.values.numel()] = top.values
+        shift_top[2] = top.indices[0].to(torch.float32)
+        self.active_count.zero_()
+        p.acc.zero_()
+        # The one-hot pre-reduction of few clusters spills registers on wide chunks.
+        one_chunk = d <= 64 and p.update != UPDATE_ONEHOT
+        block_d = max(16, triton.next_power_of_2(d)) if one_chunk else (16 if p.update == UPDATE_ONEHOT else 32)
+        dummy = torch.empty(1, dtype=torch.float32, device=self.x.device)
+        launcher(_settle_kernel)[(self.settle_grid,)](
+            self.x, self.c, dummy if inp["offset"] is None else inp["offset"],
+            dummy if inp["row_scale"] is None else inp["row_scale"],
+            dummy if inp["sample_weight"] is None else inp["sample_weight"],
+            self.labels, self.sq_dist, self.lower, shifts, shift_top, self.active_rows, self.active_count,
+            p.acc_sums, p.acc_counts, p.part_inertia, p.extra_base,
+            n, k, d, self.x.stride(0), self.x.stride(1), p.n_replicas, distance_margin(d),
+            BLOCK_N=self.settle_block, BLOCK_D=block_d, KP=onehot_width(k) if p.update == 1 else 16,
+            ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None, HAS_SCALE=inp["row_scale"] is not None,
+            HAS_WEIGHT=inp["sample_weight"] is not None, UPDATE=p.update, num_warps=4,
+        )
+        # The accumulators already hold the settled rows: the preparation must not clear them.
+        p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
+          zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False)
         finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts)
 
