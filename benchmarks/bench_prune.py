@@ -29,11 +29,11 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_lloyd import ceilings, flash, per_iteration  # noqa: E402
-from torchkm._kernels.assign import assign as kernel_assign  # noqa: E402
+from bench_lloyd import ceilings, flash, per_iteration
+from torchkm._kernels.assign import assign as kernel_assign
 
-from torchkm import _loop  # noqa: E402
-from torchkm._reference import DataView  # noqa: E402
+from torchkm import _loop
+from torchkm._reference import DataView
 
 ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
 BASE_N = 245_760
@@ -47,6 +47,7 @@ def seed000_data(n: int, d: int, k: int, sigma2: float, seed: int) -> torch.Tens
 
 
 def run(x: torch.Tensor, c0: torch.Tensor, algorithm: str, max_iter: int) -> tuple[_loop.KMeansResult, float]:
+    """One fit from ``c0``; the result's centroids are in the data's centred space (see ``offset``)."""
     offset = _loop._data_mean(x, torch.float32, None)
     data = DataView(x, torch.float32, offset, False, "exact")
     torch.cuda.synchronize()
@@ -101,7 +102,7 @@ def main() -> None:
                     # Exactness: the labels are the dense exact pass's for the run's own centroids
                     # (atomic fp32 sums make whole trajectories of any two runs drift apart in the
                     # last bits, so runs are compared to themselves, and to dense in iterations).
-                    dense = kernel_assign(x, out.centroids, precision="exact",
+                    dense = kernel_assign(x, out.centroids, precision="exact", offset=_loop._data_mean(x, torch.float32, None),
                                           raw_norms=torch.linalg.vector_norm(x.float(), dim=1)).labels
                     off = int((dense != out.labels).sum())
                     same = off == 0

@@ -30,6 +30,7 @@ ties within fp32 rounding. Both engines synchronise once per pass (to read the s
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -37,9 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
-import logging
-
-from ._common import UPDATE_NONE, UPDATE_ONEHOT, accumulate_rows, launcher, load_rows, onehot_width
+from ._common import (
+    UPDATE_NONE,
+    UPDATE_ONEHOT,
+    accumulate_rows,
+    launcher,
+    load_rows,
+    onehot_width,
+)
 from .assign import SMALL_D, AssignPass
 from .centroids import finish_update
 
