@@ -56,6 +56,7 @@ __all__ = [
 
 logger = logging.getLogger("torchkm")
 
+MAX_TRIANGLE_K = 16_384  # ICD and RID: 2 GiB at this k
 WARP = 32  # rows per program of the scan: one warp, the unit of divergence in seed 000
 
 
@@ -274,6 +275,8 @@ class TriangleEngine:
     ):
         n, d = x.shape
         k = centroids.shape[0]
+        if k > MAX_TRIANGLE_K:
+            raise ValueError(f"the triangle scan keeps two k x k tables (ICD, RID); k={k} is above {MAX_TRIANGLE_K}")
         device = x.device
         self.block, self.tol_device, self.normalize = 1, tol, normalize
         self.x, self.offset, self.row_scale, self.weight = x, offset, row_scale, sample_weight

@@ -170,3 +170,13 @@ def test_triangle_engine_reorders_and_keeps_caller_order():
     assert engine.epoch == 2 and engine.perm is not None
     assert bool((engine.work[:-1] >= engine.work[1:]).float().mean() > 0.5)
     assert engine.info is not None and engine.info.skipped <= engine.info.skipped_bound + 1e-12
+
+
+def test_triangle_engine_refuses_huge_k(monkeypatch):
+    from torchkm._kernels import prune
+
+    monkeypatch.setattr(prune, "MAX_TRIANGLE_K", 4)
+    x, c = _clustered(20, 3, 5, seed=0)
+    with pytest.raises(ValueError, match="k x k tables"):
+        TriangleEngine(x, c, torch.empty(20, dtype=torch.int32, device=DEVICE), offset=None, row_scale=None,
+                       sample_weight=None, normalize=False, tol=0.0)
