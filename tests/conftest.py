@@ -11,5 +11,11 @@ if not torch.cuda.is_available():
 
 
 @pytest.fixture
+def kernels(monkeypatch):
+    """Send CPU tensors through the Triton kernels too (under the interpreter without a GPU)."""
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(12345)

@@ -21,11 +21,6 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
 DEVICE = "cuda" if ON_GPU else "cpu"
 
 
-@pytest.fixture
-def kernels(monkeypatch):
-    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
-
-
 def _fit_both(monkeypatch, x, k, **kw):
     monkeypatch.setenv("TORCHKM_ENGINE", "torch")
     ref = torchkm.fit(x, k, **kw)

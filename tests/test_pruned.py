@@ -20,11 +20,6 @@ if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
 DEVICE = "cuda" if ON_GPU else "cpu"
 
 
-@pytest.fixture
-def kernels(monkeypatch):
-    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
-
-
 def _seed000(n, d, k, sigma2, seed):
     """Seed 000 section V: k centres uniform in the unit cube, n / k rows around each, N(0, sigma2)."""
     g = torch.Generator().manual_seed(seed)
@@ -114,10 +109,10 @@ def test_auto_switches_to_pruned_and_back(kernels, monkeypatch):
     monkeypatch.setattr(_loop._Hybrid, "enter_changed", 1.0)
     real_after = _loop._Hybrid.after
 
-    def after(self, stats, kernel, n, rows, first):
-        if kernel == "lloyd":
+    def after(self, stats, n, rows, first):
+        if stats.kernel == "lloyd":
             stats = _loop.IterationStats(**{**stats.__dict__, "seconds": 0.0})
-        return real_after(self, stats, kernel, n, rows, first)
+        return real_after(self, stats, n, rows, first)
 
     monkeypatch.setattr(_loop._Hybrid, "after", after)
     got = torchkm.fit(x, 16, **{**kw, "max_iter": 12}, algorithm="auto")

@@ -185,12 +185,13 @@ _GRAPH_MAX_WORK = 1 << 37
 _GRAPH_BLOCK = 8
 
 
+def _cuda_graphs_allowed(data: DataView) -> bool:
+    return (data.device.type == "cuda" and os.environ.get("TORCHKM_CUDA_GRAPHS", "1") != "0"
+            and not torch.compiler.is_compiling())
+
+
 def _use_cuda_graphs(data: DataView, k: int) -> bool:
-    if data.device.type != "cuda" or os.environ.get("TORCHKM_CUDA_GRAPHS", "1") == "0":
-        return False
-    if torch.compiler.is_compiling():
-        return False
-    return data.n_samples * max(k, 32) * data.n_features <= _GRAPH_MAX_WORK
+    return _cuda_graphs_allowed(data) and data.n_samples * max(k, 32) * data.n_features <= _GRAPH_MAX_WORK
 
 
 class _Hybrid:
@@ -215,11 +216,11 @@ class _Hybrid:
         self.state = "dense"  # -> "pruned" -> "done"
         self.slow = 0
 
-    def after(self, stats: IterationStats, kernel: str, n: int, rows_in_read: int, first_of_engine: bool) -> str | None:
+    def after(self, stats: IterationStats, n: int, rows_in_read: int, first_of_engine: bool) -> str | None:
         """Record an iteration; returns the engine to switch to, if any."""
         if not self.enabled or self.state == "done":
             return None
-        if kernel == "lloyd":
+        if stats.kernel == "lloyd":
             if not first_of_engine:
                 self.dense_seconds.append(stats.seconds)
                 self.dense_reads += 1.0 / rows_in_read
@@ -276,10 +277,15 @@ def lloyd(
     engine = None
     hybrid = None
     kernels = _ops.uses_kernels(data) and not deterministic
+    kind = "lloyd"
     if algorithm != "lloyd" and not kernels:
         logger.info("algorithm=%r needs the Triton kernels (CUDA, not deterministic); running dense Lloyd", algorithm)
     elif algorithm == "pruned" and not _ops.bounds_supported(data):
         logger.info("algorithm='pruned' needs d > 8 (the exact tensor-core pass); running dense Lloyd")
+    elif algorithm == "auto":
+        hybrid = _Hybrid(data, c.shape[0])
+    else:
+        kind = algorithm
     if kernels:
         graphs = _use_cuda_graphs(data, c.shape[0])
         # One int32 label buffer updated in place (the kernels read a row's previous label before
@@ -290,14 +296,8 @@ def lloyd(
             if kind == "lloyd":
                 return _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol,
                                          _GRAPH_BLOCK if graphs else 1, graphs)
-            return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind)
+            return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data))
 
-        kind = algorithm
-        if algorithm == "auto":
-            hybrid = _Hybrid(data, c.shape[0])
-            kind = "lloyd"
-        elif algorithm == "pruned" and not _ops.bounds_supported(data):
-            kind = "lloyd"
         engine = make_engine(kind, c)
     engine_iterations = 0
     it = 0
@@ -311,8 +311,9 @@ def lloyd(
                 block = min(engine.block, max_iter - it)
                 engine.run_block(block)
                 rows = engine.read(block)
-            info = getattr(engine, "info", None)
+            info = getattr(engine, "info", None)  # pruned engines describe their pass
         else:
+            info = None
             step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight)
             rows = [device_stats.tolist()]
         seconds = (time.perf_counter() - t0) / len(rows)
@@ -338,14 +339,11 @@ def lloyd(
                 inertia_f *= 0.5
             c = new_c
             it += 1
-            if engine is not None and info is not None:
-                stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds, info.kernel,
-                                       info.skipped, info.skipped_bound, info.imbalance)
-            else:
-                stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds)
+            pruning = () if info is None else (info.kernel, info.skipped, info.skipped_bound, info.imbalance)
+            stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds, *pruning)
             history.append(stats)
             if hybrid is not None:
-                switch_to = hybrid.after(stats, stats.kernel, data.n_samples, len(rows), first_of_engine) or switch_to
+                switch_to = hybrid.after(stats, data.n_samples, len(rows), first_of_engine) or switch_to
             if on_iteration is not None:
                 on_iteration(stats)
             if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:

@@ -141,10 +141,11 @@ def lloyd_engine(
 
 def pruned_engine(
     data: DataView, centroids: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor | None, tol: float,
-    kind: str,
+    kind: str, graphs: bool,
 ):
     """A pruned Lloyd engine of ``torchkm._kernels.prune``: ``kind="pruned"`` the bounds engine
-    (compacted exact tensor-core search), ``"triangle"`` seed 000's scan with workload reordering."""
+    (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph),
+    ``"triangle"`` seed 000's scan with workload reordering."""
     from ._kernels.prune import BoundsEngine, TriangleEngine
 
     inputs = _kernel_inputs(data)
@@ -152,8 +153,6 @@ def pruned_engine(
               "normalize": data.normalize, "tol": tol}
     if kind == "triangle":
         return TriangleEngine(data.x, centroids, labels, **common)
-    graphs = data.device.type == "cuda" and os.environ.get("TORCHKM_CUDA_GRAPHS", "1") != "0" \
-        and not torch.compiler.is_compiling()
     return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, **common)
 
 

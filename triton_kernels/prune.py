@@ -342,15 +342,6 @@ class TriangleEngine:
         self.info = PassInfo(self.kernel, values[4], values[5], n, k)
         return [values[:4]]
 
-    @property
-    def sq_distances(self) -> torch.Tensor:
-        """Squared distance of each row (caller's order) to its centroid at the last pass."""
-        if self.perm is None:
-            return self.sq_dist
-        out = torch.empty_like(self.sq_dist)
-        out[self.perm] = self.sq_dist
-        return out
-
 
 # ----------------------------------------------------------------------------------------------
 # Bounds at tensor-core granularity: settle pass + compacted exact search.
@@ -498,8 +489,7 @@ class BoundsEngine:
             p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
               sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
             self._full = False
-            finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
-                          normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts)
+            self._finish()
             return
         if self._graph is not None:
             self._graph.replay()
@@ -552,6 +542,10 @@ class BoundsEngine:
         # The accumulators already hold the settled rows: the preparation must not clear them.
         p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
           zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False)
+        self._finish()
+
+    def _finish(self) -> None:
+        p = self.assign_pass
         finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts)
 
@@ -564,7 +558,3 @@ class BoundsEngine:
         tiles = math.ceil(active / block) * block
         self.info = PassInfo(self.kernel, (active + flagged) * k, (tiles + flagged) * k, n, k)
         return [values[:4]]
-
-    @property
-    def sq_distances(self) -> torch.Tensor:
-        return self.sq_dist
