@@ -8,7 +8,9 @@
 # bench_prune.py with PRUNE_ARGS, then
 # bench_vq.py and the VQ-VAE example against vector-quantize-pytorch, whose wheels and those of its
 # dependencies are carried in .whl too). Logs, pictures and JSON go to $OUT.
-# GPU_CHECK_SKIP_TESTS=1 runs the benchmarks only.
+# GPU_CHECK_SKIP_TESTS=1 runs the benchmarks only; PYTEST_ARGS picks tests (default: all of tests/,
+# about 9 minutes on an H100: near the tool's 10-minute limit, so split it over calls).
+# "scale" runs bench_scale.py on 1, 2 and 4 GPUs as far as the machine has them (SCALE_ARGS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -24,7 +26,7 @@ python3 -c "import faiss; print('faiss', faiss.__version__)" || echo "faiss miss
 python3 -c "import flash_kmeans; print('flash-kmeans', flash_kmeans.__version__)" || echo "flash-kmeans missing"
 status=0
 if [ "${GPU_CHECK_SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/pytest_gpu.log"
+  python3 -m pytest -q -rs ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/pytest_gpu.log"
   status=${PIPESTATUS[0]}
   python3 examples/quickstart.py --device cuda --out "$OUT/quickstart_digits_cuda.png" 2>&1 | tee "$OUT/quickstart_cuda.log"
 fi
@@ -32,6 +34,7 @@ for bench in ${BENCHES:-lloyd vq}; do
   case "$bench" in
     lloyd) python3 benchmarks/bench_lloyd.py --json "$OUT/bench_lloyd.json" "$@" 2>&1 | tee "$OUT/bench_lloyd.log" ;;
     prune) python3 benchmarks/bench_prune.py --json "$OUT/bench_prune.json" ${PRUNE_ARGS:-} 2>&1 | tee "$OUT/bench_prune.log" ;;
+    scale) bash benchmarks/bench_scale.sh "$OUT" ${SCALE_ARGS:-} 2>&1 | tee "$OUT/bench_scale.log" ;;
     vq)
       python3 benchmarks/bench_vq.py --json "$OUT/bench_vq.json" 2>&1 | tee "$OUT/bench_vq.log"
       python3 examples/vqvae.py --device cuda --compare --out "$OUT/vqvae" 2>&1 | tee "$OUT/vqvae_cuda.log" ;;

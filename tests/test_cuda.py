@@ -147,3 +147,27 @@ def test_cuda_sklearn_estimator(x_cpu):
 
     km = KMeans(10, random_state=0, device="cuda").fit(x_cpu.numpy())
     assert isinstance(km.cluster_centers_, np.ndarray) and km.labels_.shape == (len(x_cpu),)
+
+
+@pytest.mark.parametrize("source", ["pinned", "pageable", "memmap", "bf16"])
+def test_cuda_streamed_fit_equals_in_memory(x_cpu, source, tmp_path):
+    init = x_cpu[:40].clone()
+    x = x_cpu.bfloat16() if source == "bf16" else x_cpu
+    ref = torchkm.fit(x.cuda(), 40, init=init, max_iter=20, tol=0)
+    if source == "pinned":
+        x = x.pin_memory()
+    elif source == "memmap":
+        np.save(tmp_path / "x.npy", x.numpy())
+        x = np.load(tmp_path / "x.npy", mmap_mode="r")
+    got = torchkm.fit(x, 40, init=init, max_iter=20, tol=0, device="cuda", streaming=True, chunk_rows=4099)
+    assert got.centroids.is_cuda and got.labels.device.type == "cpu"
+    assert got.n_iter == ref.n_iter
+    # Chunks sum in another order than the whole pass (fp32 atomics): near-ties may flip late on.
+    assert (got.labels == ref.labels.cpu()).float().mean() > 0.999
+    torch.testing.assert_close(got.centroids, ref.centroids, rtol=1e-4, atol=1e-3)
+
+
+def test_cuda_host_rows_that_fit_are_copied_once(x_cpu):
+    r = torchkm.fit(x_cpu, 40, random_state=0, device="cuda", init="k-means||")
+    assert r.centroids.is_cuda and r.labels.is_cuda
+    assert r.inertia <= 1.05 * torchkm.fit(x_cpu.cuda(), 40, random_state=0).inertia

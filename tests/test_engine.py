@@ -129,9 +129,9 @@ def test_blocks_of_iterations_stop_where_single_iterations_do(monkeypatch, case)
         kw = {"init": init, "max_iter": 20, "tol": 0.0}
         k = 5
     monkeypatch.setenv("TORCHKM_ENGINE", "triton")
-    monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k: False)
+    monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k, comm: False)
     one = torchkm.fit(x, k, **kw)
-    monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k: True)
+    monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k, comm: True)
     monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)  # the strict and tol cases then stop mid-block
     blocks = torchkm.fit(x, k, **kw)
     assert blocks.n_iter == one.n_iter

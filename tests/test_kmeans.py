@@ -230,3 +230,49 @@ def test_verbose_logs_through_the_torchkm_logger(data, caplog):
         torchkm.KMeans(3, verbose=True, random_state=0, max_iter=3).fit(data)
     assert any("iter 1" in r.getMessage() for r in caplog.records)
     assert any("run 1" in r.getMessage() for r in caplog.records)
+
+
+def test_kmeans_parallel_finds_separated_blobs_and_is_seeded(rng):
+    x = torch.from_numpy(blobs(rng, 3000, 5, 12, spread=100.0, sigma=0.5))
+    a = torchkm.fit(x, 12, init="k-means||", random_state=4)
+    b = torchkm.fit(x, 12, init="k-means||", random_state=4)
+    assert torch.equal(a.centroids, b.centroids)
+    assert len(torch.unique(a.labels)) == 12
+    assert a.inertia <= 1.05 * torchkm.fit(x, 12, random_state=4).inertia
+
+
+def test_kmeans_parallel_picks_data_rows_and_fills_up_few_candidates():
+    from torchkm._reference import DataView
+    from torchkm.init import kmeans_parallel
+
+    # Three distinct points repeated: the rounds stop finding new candidates (every D^2 is zero).
+    x = torch.tensor([[0.0, 0.0], [5.0, 5.0], [9.0, 0.0]]).repeat(20, 1)
+    gen = torch.Generator().manual_seed(0)
+    c = kmeans_parallel(DataView(x, torch.float32), 3, gen)
+    assert sorted(map(tuple, c.tolist())) == [(0.0, 0.0), (5.0, 5.0), (9.0, 0.0)]
+    c = kmeans_parallel(DataView(x, torch.float32), 5, gen)  # more clusters than candidates: random rows join
+    assert c.shape == (5, 2) and all(tuple(row) in {(0.0, 0.0), (5.0, 5.0), (9.0, 0.0)} for row in c.tolist())
+
+
+def test_kmeans_parallel_is_weighted_like_repeated_rows(rng):
+    x = blobs(rng, 200, 3, 4, spread=50.0, sigma=0.5)
+    w = np.zeros(200, dtype=np.float32)
+    w[:100] = 1.0  # rows of zero weight are never candidates
+    c = torchkm.fit(torch.from_numpy(x), 4, init="k-means||", sample_weight=w, random_state=0, max_iter=1).centroids
+    assert all(any(np.allclose(row, x[i], atol=50.0) for i in range(100)) for row in c.numpy())
+
+
+def test_max_points_per_centroid_subsamples_and_says_so(rng, caplog):
+    x = torch.from_numpy(blobs(rng, 5000, 4, 5, spread=30.0))
+    with caplog.at_level("INFO", logger="torchkm"):
+        out = torchkm.fit(x, 5, random_state=0, max_points_per_centroid=100)
+    assert "max_points_per_centroid=100: Lloyd iterations on a uniform sample of 500 of 5000 rows" in caplog.text
+    labels, dist = torchkm.assign(x, out.centroids)
+    assert torch.equal(out.labels, labels)  # labels and inertia are of every row
+    assert out.inertia == pytest.approx(float(dist.double().sum()), rel=1e-6)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="torchkm"):
+        torchkm.fit(x, 5, random_state=0, max_points_per_centroid=1000)  # 5000 rows: no sampling
+    assert "max_points_per_centroid" not in caplog.text
+    with pytest.raises(ValueError, match="max_points_per_centroid must be >= 1"):
+        torchkm.fit(x, 5, max_points_per_centroid=0)

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 from . import _ops
+from ._distributed import Comm, resolve_group
 from ._reference import DataView, accumulator_dtype, weighted_sum
+from ._streaming import StreamedView, default_chunk_rows, fits_on_device
 from ._validation import (
     as_data_tensor,
     check_centroids,
@@ -29,9 +31,9 @@ from ._validation import (
     check_precision,
     check_sample_weight,
     compute_dtype,
-    iter_row_chunks,
+    ensure_finite,
 )
-from .init import kmeans_plusplus, random_rows
+from .init import kmeans_parallel, kmeans_plusplus, random_rows
 
 logger = logging.getLogger("torchkm")
 
@@ -39,7 +41,7 @@ InitLike = Union[str, torch.Tensor, np.ndarray, Callable[..., Any]]
 SeedLike = Union[int, torch.Generator, None]
 
 METRICS = ("euclidean", "cosine")
-INIT_NAMES = ("k-means++", "random")
+INIT_NAMES = ("k-means++", "random", "k-means||")
 ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
 
 
@@ -105,8 +107,9 @@ def _metric_distance(sq_distances: torch.Tensor, normalize: bool) -> torch.Tenso
     return sq_distances * 0.5 if normalize else sq_distances
 
 
-def make_generator(random_state: SeedLike) -> torch.Generator:
-    """A CPU generator: from an int seed, a torch.Generator's stream, or torch's global RNG for None."""
+def make_generator(random_state: SeedLike, comm: Comm | None = None) -> torch.Generator:
+    """A CPU generator: from an int seed, a torch.Generator's stream, or torch's global RNG for None.
+    With ``comm``, rank 0's seed on every rank."""
     if isinstance(random_state, torch.Generator):
         seed = int(torch.randint(0, 2**62, (1,), generator=random_state))
     elif random_state is None:
@@ -118,6 +121,8 @@ def make_generator(random_state: SeedLike) -> torch.Generator:
             raise ValueError(f"random_state must be >= 0, got {seed}")
     else:
         raise TypeError(f"random_state must be None, an int or a torch.Generator, got {random_state!r}")
+    if comm is not None:
+        seed = comm.same_seed(seed)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
     return gen
@@ -131,19 +136,27 @@ def _relocate_empty(
     counts: torch.Tensor,
     empty: torch.Tensor,
     sample_weight: torch.Tensor | None,
+    comm: Comm,
 ) -> None:
     """Move each empty cluster onto one of the rows farthest from their centroid (scikit-learn's rule).
 
     The moved rows leave their old clusters' sums, so the centroids stay means of their members.
+    With several ranks the farthest rows of the whole data set are chosen, and every rank applies
+    the same moves to the (all-reduced) sums.
     """
     empty_ids = empty.nonzero().flatten()
     # Rows of zero weight could not fill a cluster, so they are never picked.
     far_scores = sq_distances if sample_weight is None else torch.where(sample_weight > 0, sq_distances, -1.0)
-    far = torch.topk(far_scores, empty_ids.numel()).indices
+    scores, far = torch.topk(far_scores, min(empty_ids.numel(), far_scores.numel()))
     rows = data.take(far).to(sums.dtype)
     w = torch.ones(far.numel(), dtype=sums.dtype, device=sums.device) if sample_weight is None else sample_weight[far].to(sums.dtype)
-    weighted_rows = rows * w.unsqueeze(1)
     old = labels[far]
+    if comm.active:
+        scores = comm.gather_rows(scores.to(sums.dtype))
+        rows, w, old = comm.gather_rows(rows), comm.gather_rows(w), comm.gather_rows(old.long())
+        pick = torch.topk(scores, empty_ids.numel()).indices
+        rows, w, old = rows[pick], w[pick], old[pick]
+    weighted_rows = rows * w.unsqueeze(1)
     sums.index_add_(0, old, -weighted_rows)
     counts.index_add_(0, old, -w)
     sums[empty_ids] = weighted_rows
@@ -162,16 +175,33 @@ def new_centroids(sums: torch.Tensor, counts: torch.Tensor, old: torch.Tensor, n
     return new
 
 
+def _sum_step(step: _ops.StepResult, comm: Comm) -> None:
+    """All-reduce a step's sums, weights, inertia and changed count (one float64 buffer)."""
+    if not comm.active:
+        return
+    k, d = step.sums.shape
+    packed = torch.cat([step.sums.reshape(-1).double(), step.counts.double(),
+                        step.inertia.double().reshape(1), step.changed.double().reshape(1)])
+    comm.sum_(packed)
+    step.sums = packed[: k * d].view(k, d).to(step.sums.dtype)
+    step.counts = packed[k * d: k * d + k].to(step.counts.dtype)
+    step.inertia = packed[-2]
+    step.changed = packed[-1]
+
+
 def _iterate(
     data: DataView,
     c: torch.Tensor,
     prev_labels: torch.Tensor | None,
     sample_weight: torch.Tensor | None,
+    comm: Comm,
+    deterministic: bool,
 ) -> tuple[_ops.StepResult, torch.Tensor, torch.Tensor]:
-    """One Lloyd iteration outside the kernels' engine (pure torch, or deterministic), with no host
-    synchronisation: the step, the new centroids (empty clusters keep theirs) and the statistics
-    ``[inertia, shift, changed, empty]`` (float64, device)."""
-    step = _ops.lloyd_step(data, c, prev_labels, sample_weight)
+    """One Lloyd iteration outside the kernels' engine (pure torch, deterministic, or streamed), with
+    no host synchronisation: the step, the new centroids (empty clusters keep theirs) and the
+    statistics ``[inertia, shift, changed, empty]`` (float64, device), over all ranks."""
+    step = _ops.lloyd_step(data, c, prev_labels, sample_weight, deterministic)
+    _sum_step(step, comm)
     new_c = new_centroids(step.sums, step.counts, c, data.normalize)
     shift = ((new_c - c) ** 2).sum()
     stats = torch.stack([step.inertia.double(), shift.double(), step.changed.double(), (step.counts <= 0).sum().double()])
@@ -185,13 +215,14 @@ _GRAPH_MAX_WORK = 1 << 37
 _GRAPH_BLOCK = 8
 
 
-def _cuda_graphs_allowed(data: DataView) -> bool:
+def _cuda_graphs_allowed(data: DataView, comm: Comm | None = None) -> bool:
+    # Collectives stay outside graphs: a replay would also replay the all-reduce of a stale buffer.
     return (data.device.type == "cuda" and os.environ.get("TORCHKM_CUDA_GRAPHS", "1") != "0"
-            and not torch.compiler.is_compiling())
+            and not torch.compiler.is_compiling() and not (comm is not None and comm.active))
 
 
-def _use_cuda_graphs(data: DataView, k: int) -> bool:
-    return _cuda_graphs_allowed(data) and data.n_samples * max(k, 32) * data.n_features <= _GRAPH_MAX_WORK
+def _use_cuda_graphs(data: DataView, k: int, comm: Comm) -> bool:
+    return _cuda_graphs_allowed(data, comm) and data.n_samples * max(k, 32) * data.n_features <= _GRAPH_MAX_WORK
 
 
 class _Hybrid:
@@ -252,6 +283,7 @@ def lloyd(
     deterministic: bool = False,
     algorithm: str = "lloyd",
     on_iteration: Callable[[IterationStats], None] | None = None,
+    comm: Comm | None = None,
 ) -> KMeansResult:
     """Lloyd iterations from ``centroids`` (in the data's transformed space) until convergence.
 
@@ -267,7 +299,12 @@ def lloyd(
     (labels equal the dense exact pass's), ``"auto"`` the hybrid (:class:`_Hybrid`). They need the
     kernels; on the pure-torch engine (and for ``"pruned"`` with d <= 8) the dense loop runs and the
     history says so (``kernel="lloyd"``).
+
+    ``comm``: the rows are this rank's shard of a data-parallel fit; sums, weights and statistics
+    are all-reduced every iteration, so all ranks take the same steps and hold the same centroids.
+    Streamed data (``not data.in_memory``) runs the fused pass chunk by chunk.
     """
+    comm = comm or Comm()
     c = centroids.to(data.dtype).clone()
     prev_labels: torch.Tensor | None = None
     history: list[IterationStats] = []
@@ -276,10 +313,13 @@ def lloyd(
     inertia_f = float("nan")
     engine = None
     hybrid = None
-    kernels = _ops.uses_kernels(data) and not deterministic
+    kernels = _ops.uses_kernels(data) and not deterministic and data.in_memory
     kind = "lloyd"
     if algorithm != "lloyd" and not kernels:
-        logger.info("algorithm=%r needs the Triton kernels (CUDA, not deterministic); running dense Lloyd", algorithm)
+        logger.info("algorithm=%r needs the Triton kernels (CUDA, not deterministic, in GPU memory); running dense Lloyd",
+                    algorithm)
+    elif algorithm != "lloyd" and comm.active:
+        logger.info("algorithm=%r runs on one process; running dense Lloyd on every rank", algorithm)
     elif algorithm == "pruned" and not _ops.bounds_supported(data):
         logger.info("algorithm='pruned' needs d > 8 (the exact tensor-core pass); running dense Lloyd")
     elif algorithm == "auto":
@@ -287,7 +327,7 @@ def lloyd(
     else:
         kind = algorithm
     if kernels:
-        graphs = _use_cuda_graphs(data, c.shape[0])
+        graphs = _use_cuda_graphs(data, c.shape[0], comm)
         # One int32 label buffer updated in place (the kernels read a row's previous label before
         # writing it): half the label traffic of int64, which matters when rows are short.
         label_buffer = torch.empty(data.n_samples, dtype=torch.int32, device=data.device)
@@ -295,7 +335,7 @@ def lloyd(
         def make_engine(kind: str, start: torch.Tensor):
             if kind == "lloyd":
                 return _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol,
-                                         _GRAPH_BLOCK if graphs else 1, graphs)
+                                         _GRAPH_BLOCK if graphs else 1, graphs, comm.sum_ if comm.active else None)
             return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data))
 
         engine = make_engine(kind, c)
@@ -314,7 +354,7 @@ def lloyd(
             info = getattr(engine, "info", None)  # pruned engines describe their pass
         else:
             info = None
-            step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight)
+            step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight, comm, deterministic)
             rows = [device_stats.tolist()]
         seconds = (time.perf_counter() - t0) / len(rows)
         first_of_engine = engine_iterations == 0
@@ -331,7 +371,7 @@ def lloyd(
             block_ends = engine is not None and (n_empty > 0 or changed_f == 0 or shift_f <= engine.tol_device)
             if n_empty:
                 sq = sq if sq is not None else _ops.assign(data, old_c)[1]
-                _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight)
+                _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight, comm)
                 relocated = new_centroids(sums, counts, old_c, data.normalize)
                 shift_f = float(((relocated - old_c) ** 2).sum())
                 new_c = new_c.copy_(relocated) if engine is not None else relocated
@@ -369,12 +409,12 @@ def lloyd(
         inertia = inertia_f
     else:
         labels, sq = _ops.assign(data, c)
-        inertia = float(weighted_sum(_metric_distance(sq, data.normalize), sample_weight))
+        inertia = float(comm.sum_(weighted_sum(_metric_distance(sq, data.normalize), sample_weight).double().reshape(1))[0])
     assert labels is not None
     return KMeansResult(c, labels, inertia, len(history), history, converged)
 
 
-def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None) -> float:
+def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None, comm: Comm) -> float:
     """Mean over features of the (weighted) variance: the scale that ``tol`` is relative to."""
     acc = accumulator_dtype(data)
     total = torch.zeros(data.n_features, dtype=acc, device=data.device)
@@ -384,19 +424,47 @@ def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None) -
         w = None if sample_weight is None else sample_weight[start:stop].to(acc)
         total += rows.sum(0) if w is None else w @ rows
         total_sq += (rows * rows).sum(0) if w is None else w @ (rows * rows)
-    n_eff = data.n_samples if sample_weight is None else sample_weight.to(acc).sum()
-    mean = total / n_eff
-    return float((total_sq / n_eff - mean * mean).clamp_min(0).mean())
+    n_eff = torch.tensor(float(data.n_samples), dtype=acc, device=data.device) if sample_weight is None \
+        else sample_weight.to(acc).sum()
+    packed = comm.sum_(torch.cat([total, total_sq, n_eff.reshape(1)]).double())
+    d = data.n_features
+    mean = packed[:d] / packed[-1]
+    return float((packed[d: 2 * d] / packed[-1] - mean * mean).clamp_min(0).mean())
 
 
-def _data_mean(x: torch.Tensor, dtype: torch.dtype, sample_weight: torch.Tensor | None) -> torch.Tensor:
-    acc = torch.float64 if x.device.type == "cpu" else dtype
-    total = torch.zeros(x.shape[1], dtype=acc, device=x.device)
-    for start, stop in iter_row_chunks(x.shape[0], x.shape[1]):
-        rows = x[start:stop].to(acc)
+def _data_mean(data: DataView, sample_weight: torch.Tensor | None, comm: Comm) -> torch.Tensor:
+    """The (weighted) mean row of all ranks' raw rows (``data`` has no offset). On the host for CPU
+    data; non-finite input shows up here, and is reported with its rows, for streamed data."""
+    acc = torch.float64 if data.device.type == "cpu" else data.dtype
+    total = torch.zeros(data.n_features, dtype=acc, device=data.device)
+    for start, stop, rows in data.chunks(data.n_features):
+        rows = rows.to(acc)
         total += rows.sum(0) if sample_weight is None else sample_weight[start:stop].to(acc) @ rows
-    n_eff = x.shape[0] if sample_weight is None else sample_weight.to(acc).sum()
-    return (total / n_eff).to(dtype)
+    n_eff = torch.tensor(float(data.n_samples), dtype=torch.float64, device=data.device) if sample_weight is None \
+        else sample_weight.to(torch.float64).sum()
+    packed = comm.sum_(torch.cat([total.double(), n_eff.reshape(1)]))
+    if not data.in_memory and not bool(torch.isfinite(packed).all()):
+        ensure_finite(data.x, "x")  # names the first bad row (on the host: only on this error path)
+    return (packed[:-1] / packed[-1]).to(data.dtype)
+
+
+# k-means++ on streamed data runs on a uniform sample of the rows held on the GPU, at most this
+# many bytes of it: k-means++ takes one pass per centroid, which over the host link would take hours.
+_INIT_SAMPLE_BYTES = 1 << 31
+
+
+def _init_sample(data: DataView, n_clusters: int, n_total: int, generator: torch.Generator, comm: Comm) -> DataView:
+    """A uniform sample of all ranks' rows, transformed, the same on every rank, for k-means++."""
+    cap = max(n_clusters, _INIT_SAMPLE_BYTES // (4 * data.n_features))
+    size = min(n_total, max(1 << 18, 64 * n_clusters), cap)
+    local_gen = torch.Generator(device="cpu")
+    local_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank)
+    local_size = min(data.n_samples, -(-size * data.n_samples // n_total))
+    rows = data.take(torch.randperm(data.n_samples, generator=local_gen)[:local_size])
+    sample = comm.gather_rows(rows)
+    logger.info("init: k-means++ on a uniform sample of %d of %d rows (the data are streamed from the host)",
+                sample.shape[0], n_total)
+    return DataView(sample, data.dtype)
 
 
 def _initial_centroids(
@@ -406,17 +474,27 @@ def _initial_centroids(
     generator: torch.Generator,
     sample_weight: torch.Tensor | None,
     given: torch.Tensor | None,
+    comm: Comm | None = None,
+    n_total: int | None = None,
 ) -> torch.Tensor:
+    comm = comm or Comm()
     if given is not None:
         return given
     if isinstance(init, str):
-        if init == "k-means++":
-            return kmeans_plusplus(data, n_clusters, generator, sample_weight)
-        return random_rows(data, n_clusters, generator, sample_weight)
-    # A callable gets the data as the user passed it and returns centroids in that space.
+        if init == "k-means||":
+            return kmeans_parallel(data, n_clusters, generator, sample_weight, comm)
+        if init == "random":
+            return random_rows(data, n_clusters, generator, sample_weight, comm)
+        if not data.in_memory:
+            sample = _init_sample(data, n_clusters, n_total or data.n_samples, generator, comm)
+            return kmeans_plusplus(sample, n_clusters, generator)
+        return kmeans_plusplus(data, n_clusters, generator, sample_weight, comm=comm)
+    # A callable gets the data as the user passed it (this rank's shard) and returns centroids in
+    # that space; rank 0's answer is the one every rank uses.
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     produced = init(data.x, n_clusters, seed)
-    return _to_data_space(check_centroids(produced, n_clusters, data.n_features, "init(...)"), data)
+    c = _to_data_space(check_centroids(produced, n_clusters, data.n_features, "init(...)"), data)
+    return comm.broadcast_(c.contiguous())
 
 
 def initial_centroids(
@@ -435,7 +513,7 @@ def initial_centroids(
     normalize = metric == "cosine"
     if normalize:
         check_nonzero_rows(x)
-    offset = None if normalize else _data_mean(x, dtype, sample_weight)
+    offset = None if normalize else _data_mean(DataView(x, dtype), sample_weight, Comm())
     data = DataView(x, dtype, offset, normalize)
     given = None
     if not isinstance(init, str) and not callable(init):
@@ -479,6 +557,44 @@ def check_params(
     return n_clusters, n_init, max_iter, tol
 
 
+def _as_view(x: torch.Tensor, dtype: torch.dtype, offset: torch.Tensor | None, normalize: bool, precision: str,
+             stream_to: torch.device | None, chunk_rows: int | None) -> DataView:
+    if stream_to is None:
+        return DataView(x, dtype, offset, normalize, precision)
+    return StreamedView(x, dtype, offset, normalize, precision, compute_device=stream_to,
+                        chunk_rows=chunk_rows or default_chunk_rows(x))
+
+
+def _streams(x: torch.Tensor, target: torch.device, streaming: bool | None) -> bool:
+    """Whether a fit of host rows ``x`` on ``target`` streams them (see ``fit``'s ``streaming``)."""
+    if streaming not in (None, True, False):
+        raise TypeError(f"streaming must be None, True or False, got {streaming!r}")
+    if x.device.type != "cpu" or target.type == "cpu":
+        if streaming:
+            raise ValueError(f"streaming=True needs rows in host memory and a GPU to compute on; x is on {x.device}, "
+                             f"the fit computes on {target} (pass device='cuda')")
+        return False
+    if streaming is None:
+        streaming = not fits_on_device(x, target)
+        if streaming:
+            logger.info("x (%.3g GB) does not fit the free memory of %s: streaming it from the host each pass",
+                        x.numel() * x.element_size() / 1e9, target)
+    return streaming
+
+
+def _subsample(data: DataView, sample_weight: torch.Tensor | None, size: int, n_total: int,
+               generator: torch.Generator, comm: Comm) -> tuple[DataView, torch.Tensor | None]:
+    """A uniform sample of about ``size`` of all ranks' rows, each rank sampling its shard in
+    proportion, held on the compute device with the view's transform."""
+    local_gen = torch.Generator(device="cpu")
+    local_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank)
+    local_size = min(data.n_samples, max(1, round(size * data.n_samples / n_total)))
+    index = torch.randperm(data.n_samples, generator=local_gen)[:local_size].sort().values
+    rows = data.x.index_select(0, index.to(data.x.device)).to(data.device)
+    w = None if sample_weight is None else sample_weight.index_select(0, index.to(sample_weight.device))
+    return DataView(rows, data.dtype, data.offset, data.normalize, data.precision), w
+
+
 def fit(
     x: Any,
     n_clusters: int,
@@ -493,14 +609,22 @@ def fit(
     precision: str = "exact",
     deterministic: bool | None = None,
     algorithm: str = "lloyd",
+    max_points_per_centroid: int | None = None,
+    device: str | torch.device | None = None,
+    streaming: bool | None = None,
+    chunk_rows: int | None = None,
+    distributed: Any = False,
     verbose: bool = False,
     progress: bool = False,
 ) -> KMeansResult:
     """Cluster the rows of ``x`` into ``n_clusters`` groups with Lloyd's k-means.
 
-    Args take the meaning of :class:`torchkm.KMeans`'s (``precision`` and ``deterministic`` included); ``x`` is a (n_samples, n_features) float
-    tensor on any device, or a numpy array. Results come back on ``x``'s device. Runs ``n_init``
-    fits and returns the one of lowest inertia, centroids in the input's space.
+    Args take the meaning of :class:`torchkm.KMeans`'s (``precision``, ``deterministic``,
+    ``max_points_per_centroid``, ``device``, ``streaming``, ``chunk_rows`` and ``distributed``
+    included); ``x`` is a (n_samples, n_features) float tensor on any device, or a numpy array (a
+    memory-mapped ``.npy`` too). Runs ``n_init`` fits and returns the one of lowest inertia,
+    centroids in the input's space, on the device the fit computed on; labels stay with the rows
+    (on the host for streamed data; this rank's shard's labels for a distributed fit).
 
     Example:
         >>> import torch, torchkm
@@ -512,21 +636,37 @@ def fit(
     n_clusters, n_init, max_iter, tol = check_params(n_clusters, init, n_init, max_iter, tol, metric)
     check_precision(precision)
     check_algorithm(algorithm)
+    if max_points_per_centroid is not None:
+        max_points_per_centroid = check_positive_int(max_points_per_centroid, "max_points_per_centroid")
+    if chunk_rows is not None:
+        chunk_rows = check_positive_int(chunk_rows, "chunk_rows")
     if algorithm in ("pruned", "triangle") and deterministic:
         raise ValueError(f"algorithm={algorithm!r} sums clusters with atomics; deterministic=True needs algorithm='lloyd'")
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    x = as_data_tensor(x, "x")
-    n, d = x.shape
-    check_n_clusters(n_clusters, n)
-    dtype = compute_dtype(x.dtype)
-    weights = check_sample_weight(sample_weight, x, dtype)
+    comm = Comm(resolve_group(distributed))
     normalize = metric == "cosine"
-    if normalize:
-        check_nonzero_rows(x)
+    with comm.agree():
+        # Host data that may be streamed is not copied (a memory map stays a memory map) nor read
+        # whole here; its values are checked on the way through.
+        x = as_data_tensor(x, "x", check_finite=False, copy_readonly=False)
+        target = x.device if device is None else torch.device(device)
+        stream_to = target if _streams(x, target, streaming) else None
+        if stream_to is None:
+            x = x.to(target)
+            ensure_finite(x, "x")
+        n, d = x.shape
+        dtype = compute_dtype(x.dtype)
+        weights = check_sample_weight(sample_weight, x, dtype)
+        weights = None if weights is None else weights.to(target)
+        if normalize:
+            check_nonzero_rows(x)
+    n_total = int(comm.sum_(torch.tensor([n], dtype=torch.float64, device=target))[0])
+    check_n_clusters(n_clusters, n_total)
     # Centering keeps ||x||^2 - 2 x.c + ||c||^2 accurate for data far from the origin.
-    offset = None if normalize else _data_mean(x, dtype, weights)
-    data = DataView(x, dtype, offset, normalize, precision)
+    offset = None if normalize else _data_mean(_as_view(x, dtype, None, False, precision, stream_to, chunk_rows),
+                                               weights, comm)
+    data = _as_view(x, dtype, offset, normalize, precision, stream_to, chunk_rows)
 
     given = None
     if not isinstance(init, str) and not callable(init):
@@ -539,25 +679,31 @@ def fit(
             )
             n_init = 1
 
-    tol_abs = tol * _feature_variance_mean(data, weights)
-    generator = make_generator(random_state)
+    generator = make_generator(random_state, comm)
+    train, train_weights = data, weights
+    if max_points_per_centroid is not None and n_total > max_points_per_centroid * n_clusters:
+        train, train_weights = _subsample(data, weights, max_points_per_centroid * n_clusters, n_total, generator, comm)
+        n_train = int(comm.sum_(torch.tensor([train.n_samples], dtype=torch.float64, device=target))[0])
+        logger.info("max_points_per_centroid=%d: Lloyd iterations on a uniform sample of %d of %d rows; "
+                    "labels and inertia are of all rows", max_points_per_centroid, n_train, n_total)
+    tol_abs = tol * _feature_variance_mean(train, train_weights, comm)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n_init * max_iter, desc="k-means", unit="it", leave=False)
+        bar = tqdm(total=n_init * max_iter, desc="k-means", unit="it", leave=False, disable=comm.rank != 0)
     best: KMeansResult | None = None
     try:
         for run in range(n_init):
             t0 = time.perf_counter()
-            c0 = _initial_centroids(init, data, n_clusters, generator, weights, given)
+            c0 = _initial_centroids(init, train, n_clusters, generator, train_weights, given, comm, n_total)
             t_init = time.perf_counter() - t0
 
             def on_iteration(stats: IterationStats, run: int = run) -> None:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(run=run + 1, inertia=f"{stats.inertia:.6g}", changed=stats.labels_changed, refresh=False)
-                if verbose:
+                if verbose and comm.rank == 0:
                     logger.info(
                         "run %d iter %d: inertia %.6g, shift %.3g, %d labels changed, %d empty, %.3fs",
                         run + 1, stats.iteration, stats.inertia, stats.center_shift,
@@ -565,12 +711,12 @@ def fit(
                     )
 
             out = lloyd(
-                data, c0, sample_weight=weights, max_iter=max_iter, tol=tol_abs,
-                deterministic=deterministic, algorithm=algorithm, on_iteration=on_iteration,
+                train, c0, sample_weight=train_weights, max_iter=max_iter, tol=tol_abs,
+                deterministic=deterministic, algorithm=algorithm, on_iteration=on_iteration, comm=comm,
             )
             if bar is not None:
                 bar.update(max_iter - out.n_iter)
-            if verbose:
+            if verbose and comm.rank == 0:
                 how = "converged" if out.converged else "stopped at max_iter"
                 logger.info(
                     "run %d: %s after %d iterations, inertia %.6g (init %.3fs)", run + 1, how, out.n_iter, out.inertia, t_init
@@ -581,10 +727,19 @@ def fit(
         if bar is not None:
             bar.close()
     assert best is not None
+    # Identical on every rank already (the same all-reduced sums); the broadcast makes it a guarantee.
+    comm.broadcast_(best.centroids)
+    if train is not data:
+        best.labels, sq = _ops.assign(data, best.centroids)
+        best.inertia = float(comm.sum_(weighted_sum(_metric_distance(sq, normalize), weights).double().reshape(1))[0])
+    if not data.in_memory:
+        best.labels = best.labels.cpu()
 
     if offset is not None:
         best.centroids = best.centroids + offset
-    n_distinct = int(torch.unique(best.labels).numel())
+    present = torch.zeros(n_clusters, dtype=torch.float64, device=target)
+    present[best.labels.to(target)] = 1.0
+    n_distinct = int((comm.sum_(present) > 0).sum())
     if n_distinct < n_clusters:
         warnings.warn(
             f"only {n_distinct} distinct clusters were found for n_clusters={n_clusters}; x probably has fewer "

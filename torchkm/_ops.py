@@ -60,8 +60,23 @@ def _kernel_inputs(data: DataView) -> dict:
     )
 
 
+def _piecewise(data: DataView, one_piece):
+    """``one_piece(start, stop, piece)`` over the device-resident pieces of a streamed view, results
+    in rank order; None for an in-memory view (the caller computes on it directly)."""
+    if data.in_memory:
+        return None
+    return [one_piece(start, stop, piece) for start, stop, piece in data.pieces()]
+
+
+def _concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def assign(data: DataView, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels (int64) and squared distances to the nearest centroid, in the data's transformed space."""
+    parts = _piecewise(data, lambda start, stop, piece: assign(piece, centroids))
+    if parts is not None:
+        return _concat_rows([p[0] for p in parts]), _concat_rows([p[1] for p in parts])
     if not uses_kernels(data):
         return _reference.assign(data, centroids)
     from ._kernels.assign import assign as kernel_assign
@@ -103,11 +118,31 @@ def lloyd_step(
     centroids: torch.Tensor,
     prev_labels: torch.Tensor | None,
     sample_weight: torch.Tensor | None,
+    deterministic: bool = True,
 ) -> StepResult:
     """Assign every row and accumulate per-cluster sums and weights, with no host synchronisation,
-    for the runs that do not use ``lloyd_engine``: the pure-torch engine, and on the kernels the
-    deterministic mode (assign, then the sorted, segmented sums: bit-identical reruns)."""
+    for the runs that do not use ``lloyd_engine``: the pure-torch engine; on the kernels the
+    deterministic mode (assign, then the sorted, segmented sums: bit-identical reruns), and streamed
+    data, whose chunks each run the fused pass (``deterministic=False``) and add up their sums."""
     k = centroids.shape[0]
+    if not data.in_memory:
+        steps = []
+        for start, stop, piece in data.pieces():
+            prev = None if prev_labels is None else prev_labels[start:stop]
+            w = None if sample_weight is None else sample_weight[start:stop]
+            step = lloyd_step(piece, centroids, prev, w, deterministic)
+            # Only the small per-cluster results outlive the chunk's buffer.
+            steps.append(step)
+        first = steps[0]
+        sums, counts = first.sums, first.counts
+        inertia, changed = first.inertia, first.changed
+        for step in steps[1:]:
+            sums = sums + step.sums
+            counts = counts + step.counts
+            inertia = inertia + step.inertia
+            changed = changed + step.changed
+        sq = None if any(s.sq_distances is None for s in steps) else _concat_rows([s.sq_distances for s in steps])
+        return StepResult(_concat_rows([s.labels for s in steps]), sq, sums, counts, inertia, changed)
     if not uses_kernels(data):
         labels, sq = _reference.assign(data, centroids)
         sums, counts = _reference.update(data, labels, k, sample_weight)
@@ -116,6 +151,12 @@ def lloyd_step(
         return StepResult(labels, sq, sums, counts, inertia, changed)
     from ._kernels.assign import assign as kernel_assign
 
+    if not deterministic:
+        sums = torch.zeros(k, data.n_features, dtype=torch.float32, device=data.device)
+        counts = torch.zeros(k, dtype=torch.float32, device=data.device)
+        out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, sums=sums,
+                            counts=counts, **_kernel_inputs(data))
+        return StepResult(out.labels, out.sq_dist, sums, counts, out.inertia, out.changed)
     out = kernel_assign(data.x, centroids, sample_weight=sample_weight, prev_labels=prev_labels, **_kernel_inputs(data))
     sums, counts = update(data, out.labels, k, sample_weight, deterministic=True)
     inertia = _reference.weighted_sum(out.sq_dist, sample_weight)
@@ -130,13 +171,15 @@ def lloyd_engine(
     tol: float,
     block: int,
     graphs: bool,
+    all_reduce=None,
 ):
     """The kernels' Lloyd state (``torchkm._kernels.lloyd.LloydEngine``): four launches per iteration,
-    blocks of ``block`` iterations replayed as CUDA graphs when ``graphs``."""
+    blocks of ``block`` iterations replayed as CUDA graphs when ``graphs``; ``all_reduce`` (in-place
+    sum over the ranks of a data-parallel fit) joins the shards' sums before each update."""
     from ._kernels.lloyd import LloydEngine
 
     return LloydEngine(data.x, centroids, labels, sample_weight=sample_weight, normalize=data.normalize, tol=tol,
-                       block=block, graphs=graphs, **_kernel_inputs(data))
+                       block=block, graphs=graphs, all_reduce=all_reduce, **_kernel_inputs(data))
 
 
 def pruned_engine(
@@ -172,6 +215,11 @@ def update(
     deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-cluster weighted sums and weights (see ``_reference.update``)."""
+    parts = _piecewise(data, lambda start, stop, piece: update(
+        piece, labels[start:stop], n_clusters, None if sample_weight is None else sample_weight[start:stop],
+        deterministic))
+    if parts is not None:
+        return sum(p[0] for p in parts[1:]) + parts[0][0], sum(p[1] for p in parts[1:]) + parts[0][1]
     if not uses_kernels(data):
         return _reference.update(data, labels, n_clusters, sample_weight)
     from ._kernels.update import update as kernel_update
@@ -185,6 +233,9 @@ def update(
 def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:
     """The full (n, m) matrix of squared distances to ``points``; callers keep m small or want it whole."""
     points = points.to(data.dtype)
+    parts = _piecewise(data, lambda start, stop, piece: sq_distances_to(piece, points))
+    if parts is not None:
+        return _concat_rows(parts)
     if uses_kernels(data) and points.shape[0] <= 64:
         from ._kernels.distances import sq_distances
 

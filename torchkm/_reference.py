@@ -66,6 +66,15 @@ class DataView:
         """``1 / ||x_i||`` when rows are normalised, else None."""
         return self.raw_norms.reciprocal() if self.normalize else None
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether the rows sit on the compute device (else they are streamed, see ``_streaming``)."""
+        return True
+
+    def pieces(self):
+        """``(start, stop, view)`` over the rows in device-resident pieces: here the whole view."""
+        yield 0, self.n_samples, self
+
     def transform(self, raw: torch.Tensor) -> torch.Tensor:
         rows = raw.to(self.dtype)
         if self.offset is not None:

@@ -7,6 +7,7 @@ without opening the source.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any
 
 import numpy as np
@@ -38,11 +39,12 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def as_data_tensor(x: Any, name: str = "x", *, check_finite: bool = True) -> torch.Tensor:
+def as_data_tensor(x: Any, name: str = "x", *, check_finite: bool = True, copy_readonly: bool = True) -> torch.Tensor:
     """Return ``x`` as a 2-D floating tensor (no copy when it already is one), or raise.
 
     Accepts torch tensors on any device and numpy arrays (viewed as CPU tensors). Non-contiguous
-    views are accepted; the engine reads them chunk by chunk.
+    views are accepted; the engine reads them chunk by chunk. Read-only arrays (a memory-mapped
+    ``.npy``) are copied unless ``copy_readonly=False``, for callers that only ever read them.
     """
     if isinstance(x, np.ndarray):
         if x.dtype.kind == "c":
@@ -52,10 +54,13 @@ def as_data_tensor(x: Any, name: str = "x", *, check_finite: bool = True) -> tor
                 f"{name} has dtype {x.dtype}; pass floating-point data "
                 f"(e.g. {name}.astype(numpy.float32))"
             )
-        if not x.flags.writeable:
+        if not x.flags.writeable and copy_readonly:
             # torch.from_numpy warns on read-only arrays; a copy is the honest way to share them.
             x = x.copy()
-        x = torch.from_numpy(x)
+        with warnings.catch_warnings():
+            # Only read-only arrays the caller promised never to write reach here unwritable.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            x = torch.from_numpy(x)
     elif not isinstance(x, torch.Tensor):
         raise TypeError(
             f"{name} must be a torch.Tensor or a numpy.ndarray, got {_describe(x)}; "

@@ -1,19 +1,27 @@
-"""Centroid initialisation: greedy k-means++ (scikit-learn's variant) and uniform random rows.
+"""Centroid initialisation: greedy k-means++ (scikit-learn's variant), uniform random rows, and
+k-means|| (Bahmani et al. 2012) for large data.
 
 Random numbers come from a CPU ``torch.Generator`` and only their few results travel to the data's
-device, so a seed picks the same candidate rows on every device (up to floating-point ties).
+device, so a seed picks the same candidate rows on every device (up to floating-point ties). With
+a process group (``comm``), every rank holds a shard of the rows and draws from the same generator
+state, so that all ranks pick the same rows of the whole data set and end with the same centroids.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from . import _ops
+from ._distributed import Comm
 from ._reference import DataView
 
-__all__ = ["kmeans_plusplus", "random_rows"]
+__all__ = ["kmeans_parallel", "kmeans_plusplus", "random_rows"]
+
+logger = logging.getLogger("torchkm")
+_SINGLE = Comm()
 
 
 def _draw(cumulative: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -22,14 +30,35 @@ def _draw(cumulative: torch.Tensor, size: int, generator: torch.Generator) -> to
     return torch.searchsorted(cumulative, u * cumulative[-1]).clamp_max_(cumulative.numel() - 1)
 
 
+def _draw_rows(data: DataView, cumulative: torch.Tensor, size: int, generator: torch.Generator, comm: Comm) -> torch.Tensor:
+    """``size`` transformed rows of the whole (sharded) data set, drawn with probability proportional
+    to the increments of this rank's ``cumulative``; the same rows on every rank."""
+    if not comm.active:
+        return data.take(_draw(cumulative, size, generator))
+    totals = torch.tensor(comm.totals(float(cumulative[-1])), dtype=torch.float64)
+    u = torch.rand(size, generator=generator, dtype=torch.float64) * totals.sum()
+    ends = torch.cumsum(totals, 0)
+    owner = torch.searchsorted(ends, u, right=True).clamp_max_(comm.world - 1)
+    rows = torch.zeros(size, data.n_features, dtype=data.dtype, device=data.device)
+    mine = (owner == comm.rank).nonzero().flatten()
+    if mine.numel():
+        local_u = (u[mine] - (ends[comm.rank] - totals[comm.rank])).to(cumulative.device)
+        index = torch.searchsorted(cumulative, local_u).clamp_max_(cumulative.numel() - 1)
+        rows[mine.to(data.device)] = data.take(index)
+    return comm.sum_(rows)
+
+
 def random_rows(
     data: DataView,
     n_clusters: int,
     generator: torch.Generator,
     sample_weight: torch.Tensor | None = None,
+    comm: Comm = _SINGLE,
 ) -> torch.Tensor:
     """``n_clusters`` distinct rows drawn without replacement (with probability ∝ weight if given)."""
     n = data.n_samples
+    if comm.active:
+        return _random_rows_sharded(data, n_clusters, generator, sample_weight, comm)
     if sample_weight is None:
         index = torch.randperm(n, generator=generator)[:n_clusters]
     else:
@@ -40,12 +69,31 @@ def random_rows(
     return data.take(index)
 
 
+def _random_rows_sharded(
+    data: DataView, n_clusters: int, generator: torch.Generator, sample_weight: torch.Tensor | None, comm: Comm
+) -> torch.Tensor:
+    # Efraimidis–Spirakis keys (uniform rows: weight 1) from a stream of this rank's own; the k largest
+    # keys of all ranks are a sample of the whole data set without replacement.
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank
+    local = torch.Generator(device="cpu")
+    local.manual_seed(seed)
+    u = torch.rand(data.n_samples, generator=local, dtype=torch.float64)
+    keys = torch.log(u)
+    if sample_weight is not None:
+        keys = keys / sample_weight.detach().to("cpu", torch.float64)
+    top = torch.topk(keys, min(n_clusters, data.n_samples))
+    all_keys = comm.gather_rows(top.values.to(data.device))
+    all_rows = comm.gather_rows(data.take(top.indices))
+    return all_rows[torch.topk(all_keys, n_clusters).indices]
+
+
 def kmeans_plusplus(
     data: DataView,
     n_clusters: int,
     generator: torch.Generator,
     sample_weight: torch.Tensor | None = None,
     n_local_trials: int | None = None,
+    comm: Comm = _SINGLE,
 ) -> torch.Tensor:
     """Greedy k-means++ (Arthur & Vassilvitskii 2007, greedy variant as in scikit-learn).
 
@@ -61,19 +109,72 @@ def kmeans_plusplus(
 
     # Inverse-CDF draws throughout, so that integer weights act exactly like repeated rows.
     first_weights = torch.ones(n, dtype=torch.float64, device=device) if w is None else w.to(torch.float64)
-    first = _draw(torch.cumsum(first_weights, dim=0), 1, generator)
-    centroids[0] = data.take(first)[0]
+    centroids[0] = _draw_rows(data, torch.cumsum(first_weights, dim=0), 1, generator, comm)[0]
     closest_sq = _ops.sq_distances_to(data, centroids[:1]).squeeze(1)
 
     for c in range(1, n_clusters):
         weighted = closest_sq if w is None else closest_sq * w
         # float64 cumulative sums, as scikit-learn's stable_cumsum: float32 loses small tails at large n.
-        candidates = _draw(torch.cumsum(weighted.to(torch.float64), dim=0), n_local_trials, generator)
-        cand_rows = data.take(candidates)
+        cand_rows = _draw_rows(data, torch.cumsum(weighted.to(torch.float64), dim=0), n_local_trials, generator, comm)
         cand_sq = _ops.sq_distances_to(data, cand_rows)  # (n, trials), chunked inside
         torch.minimum(cand_sq, closest_sq.unsqueeze(1), out=cand_sq)
-        pots = cand_sq.sum(0) if w is None else w @ cand_sq
+        pots = comm.sum_(cand_sq.sum(0) if w is None else w @ cand_sq)
         best = int(torch.argmin(pots))
         closest_sq = cand_sq[:, best].contiguous()
         centroids[c] = cand_rows[best]
     return centroids
+
+
+def kmeans_parallel(
+    data: DataView,
+    n_clusters: int,
+    generator: torch.Generator,
+    sample_weight: torch.Tensor | None = None,
+    comm: Comm = _SINGLE,
+    rounds: int = 5,
+    oversampling: float = 2.0,
+) -> torch.Tensor:
+    """k-means|| (Bahmani, Moseley, Vattani, Kumar, Vassilvitskii, VLDB 2012).
+
+    One row is drawn as for k-means++. Each of ``rounds`` rounds then keeps every row independently
+    with probability ``min(1, l * w * D^2 / phi)`` (``l = oversampling * n_clusters``, ``D^2`` the
+    squared distance to the nearest candidate so far, ``phi`` the total weighted ``D^2``), which adds
+    about ``l`` candidates per round with one pass over the data. Each candidate is weighted by the
+    rows nearest to it, and greedy k-means++ on the weighted candidates picks the ``n_clusters``
+    centroids (random rows fill in should the rounds find fewer candidates than that). Every pass
+    is a fused assignment against the new candidates, so the cost is ``rounds + 2`` passes instead of
+    k-means++'s ``n_clusters``.
+    """
+    device = data.device
+    w = None if sample_weight is None else sample_weight.to(data.dtype)
+    ones = torch.ones(data.n_samples, dtype=torch.float64, device=device) if w is None else w.to(torch.float64)
+    candidates = [_draw_rows(data, torch.cumsum(ones, 0), 1, generator, comm)]
+    closest_sq = _ops.assign(data, candidates[0])[1].to(torch.float64)
+    # Per-row coins from a device generator seeded from the fit's stream (and the rank): cheap for
+    # 10^8 rows, reproducible for a seed on a given device.
+    coins = torch.Generator(device=device)
+    coins.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank)
+    l = oversampling * n_clusters
+    for _ in range(rounds):
+        weighted = closest_sq if w is None else closest_sq * w
+        phi = float(comm.sum_(weighted.sum().reshape(1))[0])
+        if phi <= 0:
+            break  # every row sits on a candidate
+        keep = torch.rand(data.n_samples, generator=coins, device=device, dtype=torch.float64) < weighted * (l / phi)
+        new = comm.gather_rows(data.take(keep.nonzero().flatten()))
+        if new.shape[0] == 0:
+            continue
+        candidates.append(new)
+        torch.minimum(closest_sq, _ops.assign(data, new)[1].to(torch.float64), out=closest_sq)
+    pool = torch.cat(candidates)
+    if pool.shape[0] < n_clusters:
+        logger.info("k-means||: %d candidates for %d clusters; adding random rows", pool.shape[0], n_clusters)
+        pool = torch.cat([pool, random_rows(data, n_clusters - pool.shape[0], generator, sample_weight, comm)])
+    labels = _ops.assign(data, pool)[0]
+    pool_weight = torch.zeros(pool.shape[0], dtype=torch.float64, device=device)
+    pool_weight.index_add_(0, labels, ones)
+    comm.sum_(pool_weight)
+    logger.debug("k-means||: %d weighted candidates for %d clusters", pool.shape[0], n_clusters)
+    # Candidates are rows of the transformed space already: no offset, no further normalisation.
+    pool_view = DataView(pool, data.dtype)
+    return kmeans_plusplus(pool_view, n_clusters, generator, pool_weight.to(data.dtype))

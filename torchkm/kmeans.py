@@ -34,9 +34,11 @@ class KMeans(nn.Module):
 
     Args:
         n_clusters: number of clusters k (>= 1, <= n_samples).
-        init: ``"k-means++"`` (greedy k-means++, default), ``"random"`` (k distinct rows), a
-            (n_clusters, n_features) tensor or array of initial centroids, or a callable
-            ``init(x, n_clusters, seed) -> centroids``.
+        init: ``"k-means++"`` (greedy k-means++, default), ``"random"`` (k distinct rows),
+            ``"k-means||"`` (Bahmani et al.: 5 rounds that each sample about 2k rows in one pass,
+            then k-means++ on those candidates weighted by their nearest rows; for large n, where
+            k-means++'s one pass per centroid is slow), a (n_clusters, n_features) tensor or array
+            of initial centroids, or a callable ``init(x, n_clusters, seed) -> centroids``.
         n_init: number of runs from different initialisations; the one of lowest inertia is kept.
         max_iter: maximum Lloyd iterations per run.
         tol: convergence threshold on the total squared centroid shift, relative to the mean
@@ -68,6 +70,25 @@ class KMeans(nn.Module):
             kept for study). ``"auto"``: dense while labels still move, then pruned while it
             measures faster on this device. Pruning needs the CUDA kernels and d > 8 (``"pruned"``,
             ``"auto"``); elsewhere the dense loop runs, and ``history_`` says which pass ran.
+        max_points_per_centroid: faiss's sub-sampling: with more than ``max_points_per_centroid *
+            n_clusters`` rows, the Lloyd iterations run on a uniform sample of that many rows (faiss
+            uses 256), and the final labels and inertia are computed over all rows. Off by default
+            (None); when it applies, the ``torchkm`` logger says so at INFO level.
+        device: where to compute (default: ``x``'s device). Host rows (a CPU tensor, a numpy array,
+            a memory-mapped ``.npy``) with ``device="cuda"`` are copied to the GPU once, or streamed.
+        streaming: host rows are streamed to ``device`` in chunks every pass, the copy of one chunk
+            overlapping the kernels of the previous one (pin the tensor with ``x.pin_memory()`` for
+            full speed; other rows go through pinned staging buffers). None (default): stream only
+            when the rows do not fit in 70% of the GPU's free memory; True: always; False: never.
+            Streamed fits give the in-memory fit's result up to fp32 summation order. Their labels
+            stay on the host; k-means++ then runs on a uniform sample of the rows held on the GPU
+            (logged; ``init="k-means||"`` uses all rows).
+        chunk_rows: rows per streamed chunk (default: 256 MiB of rows).
+        distributed: data-parallel fit over ``torch.distributed`` (launch with ``torchrun``; NCCL for
+            GPUs, gloo for CPUs): True for the default process group, or a process group. Each rank
+            passes its own shard of the rows; per-cluster sums and statistics are all-reduced every
+            iteration, initialisation draws from the whole data set, and every rank ends with the
+            same centroids, inertia and iteration count. ``labels_`` are the rank's own rows'.
         verbose: log per-iteration statistics through the ``torchkm`` logger at INFO level.
         progress: show a tqdm progress bar over iterations.
 
@@ -105,6 +126,11 @@ class KMeans(nn.Module):
         precision: str = "exact",
         deterministic: bool | None = None,
         algorithm: str = "lloyd",
+        max_points_per_centroid: int | None = None,
+        device: str | torch.device | None = None,
+        streaming: bool | None = None,
+        chunk_rows: int | None = None,
+        distributed: Any = False,
         verbose: bool = False,
         progress: bool = False,
     ) -> None:
@@ -115,6 +141,11 @@ class KMeans(nn.Module):
         self.precision = check_precision(precision)
         self.deterministic = deterministic
         self.algorithm = check_algorithm(algorithm)
+        self.max_points_per_centroid = max_points_per_centroid
+        self.device = device
+        self.streaming = streaming
+        self.chunk_rows = chunk_rows
+        self.distributed = distributed
         self.random_state = random_state
         self.verbose = verbose
         self.progress = progress
@@ -181,7 +212,8 @@ class KMeans(nn.Module):
             x, self.n_clusters, init=self.init, n_init=self.n_init, max_iter=self.max_iter, tol=self.tol,
             metric=self.metric, sample_weight=sample_weight, random_state=self.random_state,
             precision=self.precision, deterministic=self.deterministic, algorithm=self.algorithm,
-            verbose=self.verbose, progress=self.progress,
+            max_points_per_centroid=self.max_points_per_centroid, device=self.device, streaming=self.streaming,
+            chunk_rows=self.chunk_rows, distributed=self.distributed, verbose=self.verbose, progress=self.progress,
         )
         self.centroids = out.centroids
         self.labels_ = out.labels

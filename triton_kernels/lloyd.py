@@ -6,12 +6,14 @@ to the means in place, statistics written). Small problems replay blocks of iter
 graph: each iteration after the first of a block checks the previous one's statistics on the
 device and freezes the rest of the block once a stopping rule fires, so the host reads a whole
 block with one synchronisation and the state it finds is that of the iteration that stopped.
+A data-parallel fit all-reduces the pass's accumulators between the pass and ``finish_update``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,6 +39,7 @@ class LloydEngine:
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, precision: str,
         offset: torch.Tensor | None, row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None,
         sample_weight: torch.Tensor | None, normalize: bool, tol: float, block: int = 1, graphs: bool = False,
+        all_reduce: Callable[[torch.Tensor], object] | None = None,
     ):
         k, d = centroids.shape
         device = x.device
@@ -55,7 +58,9 @@ class LloydEngine:
         # whenever the host (in float64) would stop.
         tol32 = np.float32(tol) if math.isfinite(tol) else np.float32(-1.0)
         self.tol_device = float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
-        self._use_graphs = graphs and x.device.type == "cuda"  # elsewhere blocks run eagerly
+        self._use_graphs = graphs and x.device.type == "cuda" and all_reduce is None  # elsewhere blocks run eagerly
+        self.all_reduce = all_reduce
+        self._summed_stats = torch.tensor([0, 2], device=device)  # inertia and changed add up over shards
         self._graph: torch.cuda.CUDAGraph | None = None
 
     def iterate(self, has_prev: bool, slot: int = 0, in_block: bool = False) -> None:
@@ -66,9 +71,17 @@ class LloydEngine:
             stats_prev=self.stats[slot - 1] if in_block and slot > 0 else None, iteration=slot, tol=self.tol_device,
         )
         p = self.assign_pass
+        if self.all_reduce is not None:
+            # Every rank has the same replica layout (it depends on k and d only), so summing the
+            # raw accumulators gives each rank the sums of all shards, and the same update.
+            self.all_reduce(p.acc)
         finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[slot],
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
                       control=self.control if in_block else None)
+        if self.all_reduce is not None:
+            summed = self.stats[slot].index_select(0, self._summed_stats)
+            self.all_reduce(summed)
+            self.stats[slot].index_copy_(0, self._summed_stats, summed)
 
     def _block(self) -> None:
         for slot in range(self.block):
