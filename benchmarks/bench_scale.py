@@ -160,7 +160,7 @@ def part_torchkm(args) -> None:
         dist.init_process_group("nccl", device_id=device)
     rank = dist.get_rank() if distributed else 0
     out = Path(args.out)
-    ref_dir = out / "reference"
+    ref_dir = Path(args.ref_dir)
     ref_dir.mkdir(parents=True, exist_ok=True)
 
     def check(name: str, fit, x_shard: torch.Tensor, k: int) -> dict:
@@ -290,7 +290,8 @@ def part_report(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["torchkm", "flash", "report"], required=True)
-    p.add_argument("--out", required=True, help="folder for rows.jsonl and the one-GPU reference centroids")
+    p.add_argument("--out", required=True, help="folder for rows.jsonl")
+    p.add_argument("--ref-dir", default="/tmp/torchkm_scale_reference", help="the one-GPU run's centroids")
     p.add_argument("--n", type=int, default=100_000_000)
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--k", type=int, nargs="+", default=[16384])
