@@ -218,9 +218,9 @@ def part_torchkm(args) -> None:
             del x, fit
             torch.cuda.empty_cache()
     if args.stream:
+        host = build(n, d, args.k_true, rank, world, device, torch.float32, pinned_host=True)
         for k in args.stream_k:
             c0 = initial_centroids(k, d, args.k_true, device)
-            host = build(n, d, args.k_true, rank, world, device, torch.float32, pinned_host=True)
             if distributed:
                 dist.barrier()
             copy_s = _copy_seconds(host, device)  # every rank at once, as the fit's passes run
@@ -235,7 +235,8 @@ def part_torchkm(args) -> None:
                    "copy_ms": 1e3 * float(copy_max[0]), **check(f"streamed_fp32_{k}", fit, host, k)}
             if rank == 0:
                 _emit(out / "rows.jsonl", row)
-            del host, fit
+            del fit
+        del host
     if distributed:
         dist.destroy_process_group()
 
