@@ -176,10 +176,10 @@ def part_torchkm(args) -> None:
             info["ranks_identical"] = True
         rows = x_shard[:200_000].to(device)
         labels = fit.labels[:200_000].to(device)
-        exact, _ = torchkm.assign(rows, c)
+        exact, _ = torchkm.assign(rows, c)  # the exact mode's labels, whatever the fit's precision
         info["labels_match_exact"] = float((exact == labels).float().mean())
         info["inertia"] = fit.inertia
-        ref = ref_dir / f"{name}.pt"
+        ref = ref_dir / f"{name}_{args.precision}.pt"
         if world == 1 and rank == 0:
             torch.save({"centroids": c.cpu(), "inertia": fit.inertia}, ref)
         elif ref.exists():
@@ -192,7 +192,7 @@ def part_torchkm(args) -> None:
 
     def warm_up(x: torch.Tensor, k: int, c0: torch.Tensor, **kwargs) -> None:
         # Compile every kernel variant (the second iteration's differs from the first's) before timing.
-        torchkm.fit(x, k, init=c0, max_iter=3, tol=0, distributed=distributed, **kwargs)
+        torchkm.fit(x, k, init=c0, max_iter=3, tol=0, distributed=distributed, precision=args.precision, **kwargs)
 
     d, n, iters = args.dim, args.rows, args.iters
     if rank == 0 and world == 1 and not args.skip_floors:
@@ -206,8 +206,8 @@ def part_torchkm(args) -> None:
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
             x = build(n, d, args.k_true, rank, world, device, dtype)
             warm_up(x[:CHUNK], k, c0)
-            fit = torchkm.fit(x, k, init=c0, max_iter=iters, tol=0, distributed=distributed)
-            row = {"kind": "torchkm", "mode": "memory", "gpus": world, "n": n, "d": d, "k": k, "dtype": dtype_name,
+            fit = torchkm.fit(x, k, init=c0, max_iter=iters, tol=0, distributed=distributed, precision=args.precision)
+            row = {"kind": "torchkm", "precision": args.precision, "mode": "memory", "gpus": world, "n": n, "d": d, "k": k, "dtype": dtype_name,
                    "ms_per_iter": 1e3 * per_iteration(fit.history), "iters": fit.n_iter,
                    **check(f"memory_{dtype_name}_{k}", fit, x, k)}
             if rank == 0:
@@ -226,11 +226,11 @@ def part_torchkm(args) -> None:
             copy_s = _copy_seconds(host, device)  # every rank at once, as the fit's passes run
             warm_up(host[: 2 * CHUNK], k, c0, device=device, streaming=True)
             fit = torchkm.fit(host, k, init=c0, max_iter=iters, tol=0, distributed=distributed, device=device,
-                              streaming=True)
+                              streaming=True, precision=args.precision)
             copy_max = torch.tensor([copy_s], device=device)
             if distributed:
                 dist.all_reduce(copy_max, op=dist.ReduceOp.MAX)
-            row = {"kind": "torchkm", "mode": "streamed", "gpus": world, "n": n, "d": d, "k": k, "dtype": "fp32",
+            row = {"kind": "torchkm", "precision": args.precision, "mode": "streamed", "gpus": world, "n": n, "d": d, "k": k, "dtype": "fp32",
                    "ms_per_iter": 1e3 * per_iteration(fit.history), "iters": fit.n_iter,
                    "copy_ms": 1e3 * float(copy_max[0]), **check(f"streamed_fp32_{k}", fit, host, k)}
             if rank == 0:
@@ -271,8 +271,9 @@ def part_flash(args) -> None:
 def part_report(args) -> None:
     rows = [json.loads(line) for line in (Path(args.out) / "rows.jsonl").read_text().splitlines()]
     floors = next((r for r in rows if r["kind"] == "floors"), None)
-    one = {(r["mode"], r["k"], r["dtype"]): r["ms_per_iter"] for r in rows if r["kind"] == "torchkm" and r["gpus"] == 1}
-    print(f"\n{'who':8} {'mode':9} {'gpus':>4} {'k':>6} {'dtype':5} {'ms/iter':>9} {'speed-up':>8} {'floor ms':>9} "
+    one = {(r["precision"], r["mode"], r["k"], r["dtype"]): r["ms_per_iter"]
+           for r in rows if r["kind"] == "torchkm" and r["gpus"] == 1}
+    print(f"\n{'who':14} {'mode':9} {'gpus':>4} {'k':>6} {'dtype':5} {'ms/iter':>9} {'speed-up':>8} {'floor ms':>9} "
           f"{'copy ms':>8}  checks")
     for r in rows:
         if r["kind"] == "floors":
@@ -282,7 +283,8 @@ def part_report(args) -> None:
         if floors is not None and r["mode"] == "memory":
             rate = floors["bf16" if r["dtype"] == "bf16" else "tf32"]
             floor = f"{1e3 * flops / (rate * r['gpus']):9.1f}"
-        base = one.get((r["mode"], r["k"], r["dtype"]))
+        who = f"{r['kind']} {r['precision']}" if r["kind"] == "torchkm" else r["kind"]
+        base = one.get((r.get("precision"), r["mode"], r["k"], r["dtype"]))
         speedup = f"{base / r['ms_per_iter']:8.2f}" if base and r["kind"] == "torchkm" else ""
         checks = ", ".join(f"{key}={r[key]:.4g}" if isinstance(r[key], float) else f"{key}={r[key]}"
                            for key in ("ranks_identical", "labels_match_exact", "median_rel_diff_vs_1gpu",
@@ -290,7 +292,7 @@ def part_report(args) -> None:
         copy = f"{r['copy_ms']:8.0f}" if "copy_ms" in r else ""
         if "copy_ms" in r:
             checks += f", iteration/copy={r['ms_per_iter'] / r['copy_ms']:.2f}"
-        print(f"{r['kind']:8} {r['mode']:9} {r['gpus']:4d} {r['k']:6d} {r['dtype']:5} {r['ms_per_iter']:9.1f} "
+        print(f"{who:14} {r['mode']:9} {r['gpus']:4d} {r['k']:6d} {r['dtype']:5} {r['ms_per_iter']:9.1f} "
               f"{speedup:>8} {floor:>9} {copy:>8}  {checks}")
     if floors is not None:
         print(f"\nfloors on {floors['device']}: tf32 {floors['tf32'] / 1e12:.0f} TFLOP/s, bf16 {floors['bf16'] / 1e12:.0f} "
@@ -310,6 +312,7 @@ def main() -> None:
     p.add_argument("--k-true", type=int, default=16384, help="centres of the generated blobs")
     p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--iters", type=int, default=4)
+    p.add_argument("--precision", default="exact", choices=["exact", "fast"], help="torchkm's precision")
     p.add_argument("--stream", action="store_true", help="also time streamed fits")
     p.add_argument("--stream-k", type=int, nargs="+", default=[16384, 1024])
     p.add_argument("--flash-k", type=int, nargs="+", default=[16384])
