@@ -50,3 +50,30 @@ def test_errors_are_one_line_messages(tmp_path, capsys):
     assert "unsupported file type '.txt'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["fit"])
+
+
+def test_distributed_fit_under_torchrun_writes_one_labels_file(tmp_path, rng):
+    x = blobs(rng, 1001, 6, 5, spread=50)
+    np.save(tmp_path / "x.npy", x)
+    c_path, l_path = tmp_path / "c.npy", tmp_path / "l.npy"
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "torchkm", "fit",
+         str(tmp_path / "x.npy"), "-k", "5", "--distributed", "--device", "cpu", "--init", "k-means||",
+         "--max-points-per-centroid", "100", "--centroids", str(c_path), "--labels", str(l_path), "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])  # rank 0 reports, once
+    assert summary["processes"] == 2 and summary["n_samples"] == 1001
+    centroids, labels = np.load(c_path), np.load(l_path)
+    assert centroids.shape == (5, 6) and labels.shape == (1001,)
+    # The labels of both ranks' rows are the nearest centroids of the whole file.
+    d2 = ((x[:, None, :].astype(np.float64) - centroids[None].astype(np.float64)) ** 2).sum(-1)
+    np.testing.assert_array_equal(labels, d2.argmin(1))
+    assert summary["inertia"] == pytest.approx(d2.min(1).sum(), rel=1e-5)
+
+
+def test_distributed_without_torchrun_is_a_clear_error(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((10, 2), dtype=np.float32))
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "2", "--device", "cpu", "--distributed"]) == 2
+    assert "--distributed needs a torchrun launch" in capsys.readouterr().err

@@ -4,6 +4,11 @@ Examples::
 
     python -m torchkm fit data.npy -k 1024 --centroids centroids.npy --labels labels.npy
     python -m torchkm predict queries.fvecs --centroids centroids.npy --labels labels.npy
+    torchrun --nproc_per_node=4 -m torchkm fit big.npy -k 16384 --distributed --init "k-means||"
+
+A ``.npy`` file is memory-mapped: ``fit`` streams it to the GPU chunk by chunk when it does not fit
+there (``--streaming``), and with ``--distributed`` every rank reads only its own contiguous share
+of the rows.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-k", "--n-clusters", type=int, required=True, help="number of clusters")
     p.add_argument("--centroids", default="centroids.npy", help="where to write the (k, d) centroids (.npy)")
     p.add_argument("--labels", default=None, help="where to write the (n,) int64 labels (.npy); omitted if not given")
-    p.add_argument("--init", default="k-means++", choices=["k-means++", "random"])
+    p.add_argument("--init", default="k-means++", choices=["k-means++", "random", "k-means||"])
     p.add_argument("--n-init", type=int, default=1)
     p.add_argument("--max-iter", type=int, default=300)
     p.add_argument("--tol", type=float, default=1e-4)
@@ -72,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--algorithm", default="lloyd", choices=["lloyd", "pruned", "triangle", "auto"],
                    help="dense Lloyd (default), pruned with bounds, seed 000's triangle scan, or the hybrid")
+    p.add_argument("--max-points-per-centroid", type=int, default=None,
+                   help="iterate on a uniform sample of at most this many rows per cluster (faiss uses 256)")
+    p.add_argument("--streaming", default="auto", choices=["auto", "on", "off"],
+                   help="stream host rows to the GPU each pass: when they do not fit (auto), always, or never")
+    p.add_argument("--distributed", action="store_true",
+                   help="one rank of a torchrun launch: NCCL on GPUs (gloo on CPUs), each rank fits its share")
 
     q = sub.add_parser("predict", help="label the rows of a file against saved centroids")
     q.add_argument("data", help="input vectors: .npy or .fvecs")
@@ -94,39 +105,84 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"torchkm: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary))
+    if summary:  # the other ranks of a distributed fit leave the report to rank 0
+        print(json.dumps(summary))
     return 0
+
+
+def _start_distributed(device: torch.device) -> tuple[int, int, torch.device]:
+    """Join the torchrun launch: (rank, world size, this rank's device)."""
+    import os
+
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        raise ValueError("--distributed needs a torchrun launch (torchrun --nproc_per_node=N -m torchkm fit ...)")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _fit(args: argparse.Namespace, device: torch.device) -> dict:
+    rows = read_vectors(args.data)
+    if rows.dtype.kind != "f":
+        rows = rows.astype(np.float32)
+    rank, world = 0, 1
+    if args.distributed:
+        rank, world, device = _start_distributed(device)
+    n = rows.shape[0]
+    start, stop = rank * n // world, (rank + 1) * n // world
+    t0 = time.perf_counter()
+    result = fit(
+        rows[start:stop], args.n_clusters, init=args.init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
+        metric=args.metric, random_state=args.seed, algorithm=args.algorithm, verbose=args.verbose,
+        progress=not args.no_progress, max_points_per_centroid=args.max_points_per_centroid, device=device,
+        streaming={"auto": None, "on": True, "off": False}[args.streaming], distributed=args.distributed,
+    )
+    seconds = time.perf_counter() - t0
+    if args.labels:
+        if args.distributed:
+            import torch.distributed as dist
+
+            # One file for every rank: rank 0 creates it, each rank writes its rows.
+            if rank == 0:
+                np.lib.format.open_memmap(args.labels, mode="w+", dtype=np.int64, shape=(n,)).flush()
+            dist.barrier()
+            out = np.lib.format.open_memmap(args.labels, mode="r+")
+            out[start:stop] = result.labels.cpu().numpy()
+            out.flush()
+            dist.barrier()
+        else:
+            np.save(args.labels, result.labels.cpu().numpy())
+    if rank == 0:
+        np.save(args.centroids, result.centroids.cpu().numpy())
+    if args.distributed:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return {
+        "n_samples": n, "n_features": rows.shape[1], "n_clusters": args.n_clusters,
+        "inertia": result.inertia, "n_iter": result.n_iter, "converged": result.converged,
+        "seconds": round(seconds, 4), "device": str(device), "processes": world,
+        "centroids": args.centroids, "labels": args.labels,
+    } if rank == 0 else {}
 
 
 def _run(args: argparse.Namespace) -> dict:
     device = _device(args.device)
+    if args.command == "fit":
+        return _fit(args, device)
     x = _load(args.data, device)
     t0 = time.perf_counter()
-    if args.command == "fit":
-        result = fit(
-            x, args.n_clusters, init=args.init, n_init=args.n_init, max_iter=args.max_iter, tol=args.tol,
-            metric=args.metric, random_state=args.seed, algorithm=args.algorithm, verbose=args.verbose,
-            progress=not args.no_progress,
-        )
-        np.save(args.centroids, result.centroids.cpu().numpy())
-        if args.labels:
-            np.save(args.labels, result.labels.cpu().numpy())
-        summary = {
-            "n_samples": x.shape[0], "n_features": x.shape[1], "n_clusters": args.n_clusters,
-            "inertia": result.inertia, "n_iter": result.n_iter, "converged": result.converged,
-            "seconds": round(time.perf_counter() - t0, 4), "device": str(device),
-            "centroids": args.centroids, "labels": args.labels,
-        }
-    else:
-        centroids = torch.from_numpy(np.load(args.centroids)).to(device)
-        labels, dist = assign(x, centroids, metric=args.metric)
-        np.save(args.labels, labels.cpu().numpy())
-        summary = {
-            "n_samples": x.shape[0], "inertia": float(dist.double().sum()),
-            "seconds": round(time.perf_counter() - t0, 4), "device": str(device), "labels": args.labels,
-        }
-    return summary
-
+    centroids = torch.from_numpy(np.load(args.centroids)).to(device)
+    labels, dist = assign(x, centroids, metric=args.metric)
+    np.save(args.labels, labels.cpu().numpy())
+    return {
+        "n_samples": x.shape[0], "inertia": float(dist.double().sum()),
+        "seconds": round(time.perf_counter() - t0, 4), "device": str(device), "labels": args.labels,
+    }
 
 if __name__ == "__main__":
     sys.exit(main())
