@@ -2,7 +2,7 @@
 # Set up, then run the whole test suite on the CPU (Triton kernels under its interpreter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,demo || exit 1
+bash scripts/setup.sh test,demo,examples || exit 1
 export TRITON_INTERPRET=1
 .venv/bin/python -m pytest "$@"
 status=$?
