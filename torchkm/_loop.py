@@ -424,9 +424,9 @@ def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None, c
         w = None if sample_weight is None else sample_weight[start:stop].to(acc)
         total += rows.sum(0) if w is None else w @ rows
         total_sq += (rows * rows).sum(0) if w is None else w @ (rows * rows)
-    n_eff = torch.tensor(float(data.n_samples), dtype=acc, device=data.device) if sample_weight is None \
-        else sample_weight.to(acc).sum()
-    packed = comm.sum_(torch.cat([total, total_sq, n_eff.reshape(1)]).double())
+    n_eff = torch.tensor(float(data.n_samples), dtype=torch.float64, device=data.device) if sample_weight is None \
+        else sample_weight.to(torch.float64).sum()
+    packed = comm.sum_(torch.cat([total.double(), total_sq.double(), n_eff.reshape(1)]))
     d = data.n_features
     mean = packed[:d] / packed[-1]
     return float((packed[d: 2 * d] / packed[-1] - mean * mean).clamp_min(0).mean())
