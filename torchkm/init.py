@@ -22,6 +22,7 @@ __all__ = ["kmeans_parallel", "kmeans_plusplus", "random_rows"]
 
 logger = logging.getLogger("torchkm")
 _SINGLE = Comm()
+_POOL_LLOYD_ITERATIONS = 30
 
 
 def _draw(cumulative: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -140,10 +141,10 @@ def kmeans_parallel(
     with probability ``min(1, l * w * D^2 / phi)`` (``l = oversampling * n_clusters``, ``D^2`` the
     squared distance to the nearest candidate so far, ``phi`` the total weighted ``D^2``), which adds
     about ``l`` candidates per round with one pass over the data. Each candidate is weighted by the
-    rows nearest to it, and greedy k-means++ on the weighted candidates picks the ``n_clusters``
-    centroids (random rows fill in should the rounds find fewer candidates than that). Every pass
-    is a fused assignment against the new candidates, so the cost is ``rounds + 2`` passes instead of
-    k-means++'s ``n_clusters``.
+    rows nearest to it; greedy k-means++ and then up to 30 Lloyd iterations on the weighted
+    candidates give the ``n_clusters`` centroids (random rows fill in should the rounds find fewer
+    candidates than that). Every pass over the data is a fused assignment against the new
+    candidates, so the cost is ``rounds + 2`` passes instead of k-means++'s ``n_clusters``.
     """
     device = data.device
     w = None if sample_weight is None else sample_weight.to(data.dtype)
@@ -177,4 +178,17 @@ def kmeans_parallel(
     logger.debug("k-means||: %d weighted candidates for %d clusters", pool.shape[0], n_clusters)
     # Candidates are rows of the transformed space already: no offset, no further normalisation.
     pool_view = DataView(pool, data.dtype)
-    return kmeans_plusplus(pool_view, n_clusters, generator, pool_weight.to(data.dtype))
+    pool_weight = pool_weight.to(data.dtype)
+    centroids = kmeans_plusplus(pool_view, n_clusters, generator, pool_weight)
+    # Then Lloyd on the weighted candidates (the paper's reclustering step, as Spark's k-means|| does).
+    for _ in range(_POOL_LLOYD_ITERATIONS):
+        labels = _ops.assign(pool_view, centroids)[0]
+        sums, counts = _ops.update(pool_view, labels, n_clusters, pool_weight)
+        means = sums.to(data.dtype) / counts.to(data.dtype).clamp_min(1e-30).unsqueeze(1)
+        moved = torch.where((counts > 0).unsqueeze(1), means, centroids)
+        if data.normalize:
+            moved = moved / torch.linalg.vector_norm(moved, dim=1, keepdim=True).clamp_min(1e-30)
+        if torch.equal(moved, centroids):
+            break
+        centroids = moved
+    return centroids
