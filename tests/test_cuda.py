@@ -174,3 +174,14 @@ def test_cuda_host_rows_that_fit_are_copied_once(x_cpu):
     parallel = np.median([torchkm.fit(x_cpu.cuda(), 40, random_state=s, init="k-means||").inertia for s in range(5)])
     plusplus = np.median([torchkm.fit(x_cpu.cuda(), 40, random_state=s).inertia for s in range(5)])
     assert parallel <= 1.05 * plusplus
+
+
+def test_cuda_module_with_a_device_labels_host_rows_on_it(x_cpu, tmp_path):
+    km = torchkm.KMeans(40, random_state=0, device="cuda").fit(x_cpu)
+    assert km.cluster_centers_.is_cuda
+    np.save(tmp_path / "x.npy", x_cpu.numpy())
+    rows = np.load(tmp_path / "x.npy", mmap_mode="r")
+    labels = km.predict(rows)
+    assert labels.device.type == "cpu"
+    assert torch.equal(labels, km.predict(x_cpu.cuda()).cpu())
+    assert km.score(rows) == pytest.approx(km.score(x_cpu.cuda()), rel=1e-5)

@@ -11,6 +11,7 @@ from . import _loop, _online, _ops
 from . import functional as F
 from ._loop import InitLike, IterationStats, SeedLike, check_algorithm, check_params
 from ._reference import DataView
+from ._streaming import StreamedView, default_chunk_rows
 from ._validation import (
     as_data_tensor,
     check_nonzero_rows,
@@ -75,7 +76,8 @@ class KMeans(nn.Module):
             uses 256), and the final labels and inertia are computed over all rows. Off by default
             (None); when it applies, the ``torchkm`` logger says so at INFO level.
         device: where to compute (default: ``x``'s device). Host rows (a CPU tensor, a numpy array,
-            a memory-mapped ``.npy``) with ``device="cuda"`` are copied to the GPU once, or streamed.
+            a memory-mapped ``.npy``) with ``device="cuda"`` are copied to the GPU once, or streamed;
+            :meth:`predict` and :meth:`score` label host rows there too, and return to the host.
         streaming: host rows are streamed to ``device`` in chunks every pass, the copy of one chunk
             overlapping the kernels of the previous one (pin the tensor with ``x.pin_memory()`` for
             full speed; other rows go through pinned staging buffers). None (default): stream only
@@ -292,17 +294,36 @@ class KMeans(nn.Module):
 
     def _checked(self, x: Any) -> torch.Tensor:
         # Full validation happens in functional; this only gives the module's own messages first.
+        # Read-only arrays (memory maps) are not copied: they are only read.
         self._require_fitted("predicting")
-        x = as_data_tensor(x, "x", check_finite=False)
+        x = as_data_tensor(x, "x", check_finite=False, copy_readonly=False)
         if x.shape[1] != self.centroids.shape[1]:
             raise ValueError(
                 f"x has {x.shape[1]} features, but this KMeans was fitted on {self.centroids.shape[1]}"
             )
         return x
 
+    def _assign(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Labels and distances of ``x``. With ``device`` set, host rows against centroids on a GPU
+        are streamed there in chunks (the copy of one overlapping the search of the previous) and
+        their results come back to the host; otherwise ``x`` must be on the centroids' device, as
+        for any module."""
+        if self.device is None or x.device.type != "cpu" or self.centroids.device.type == "cpu":
+            return F.assign(x, self.centroids, metric=self.metric, precision=self.precision)
+        view = StreamedView(x, compute_dtype(x.dtype), compute_device=self.centroids.device,
+                            chunk_rows=default_chunk_rows(x))
+        labels = torch.empty(x.shape[0], dtype=torch.int64)
+        dist = torch.empty(x.shape[0], dtype=compute_dtype(x.dtype, self.centroids.dtype))
+        for start, stop, piece in view.pieces():
+            piece_labels, piece_dist = F.assign(piece.x, self.centroids, metric=self.metric, precision=self.precision)
+            labels[start:stop] = piece_labels.cpu()
+            dist[start:stop] = piece_dist.cpu()
+        return labels, dist
+
     def predict(self, x: Any) -> torch.Tensor:
-        """Index (int64) of the nearest centroid for each row of ``x``."""
-        return F.assign(self._checked(x), self.centroids, metric=self.metric, precision=self.precision)[0]
+        """Index (int64) of the nearest centroid for each row of ``x``, on ``x``'s device. With
+        ``device="cuda"``, host rows (numpy arrays and memory maps too) are labelled on the GPU."""
+        return self._assign(self._checked(x))[0]
 
     def forward(self, x: Any) -> torch.Tensor:
         """Same as :meth:`predict`."""
@@ -315,7 +336,7 @@ class KMeans(nn.Module):
     def score(self, x: Any, sample_weight: Any = None) -> float:
         """Opposite of the (weighted) inertia of ``x`` against the fitted centroids: higher is better."""
         x = self._checked(x)
-        _, dist = F.assign(x, self.centroids, metric=self.metric, precision=self.precision)
+        _, dist = self._assign(x)
         w = check_sample_weight(sample_weight, x, dist.dtype)
         return -float(dist.sum() if w is None else dist @ w)
 
