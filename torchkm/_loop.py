@@ -33,7 +33,7 @@ from ._validation import (
     compute_dtype,
     ensure_finite,
 )
-from .init import kmeans_parallel, kmeans_plusplus, random_rows
+from .init import kmeans_parallel, kmeans_plusplus, random_rows, sample_shard
 
 logger = logging.getLogger("torchkm")
 
@@ -457,11 +457,7 @@ def _init_sample(data: DataView, n_clusters: int, n_total: int, generator: torch
     """A uniform sample of all ranks' rows, transformed, the same on every rank, for k-means++."""
     cap = max(n_clusters, _INIT_SAMPLE_BYTES // (4 * data.n_features))
     size = min(n_total, max(1 << 18, 64 * n_clusters), cap)
-    local_gen = torch.Generator(device="cpu")
-    local_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank)
-    local_size = min(data.n_samples, -(-size * data.n_samples // n_total))
-    rows = data.take(torch.randperm(data.n_samples, generator=local_gen)[:local_size])
-    sample = comm.gather_rows(rows)
+    sample = comm.gather_rows(data.take(sample_shard(data.n_samples, size, n_total, generator, comm)))
     logger.info("init: k-means++ on a uniform sample of %d of %d rows (the data are streamed from the host)",
                 sample.shape[0], n_total)
     return DataView(sample, data.dtype)
@@ -586,10 +582,7 @@ def _subsample(data: DataView, sample_weight: torch.Tensor | None, size: int, n_
                generator: torch.Generator, comm: Comm) -> tuple[DataView, torch.Tensor | None]:
     """A uniform sample of about ``size`` of all ranks' rows, each rank sampling its shard in
     proportion, held on the compute device with the view's transform."""
-    local_gen = torch.Generator(device="cpu")
-    local_gen.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank)
-    local_size = min(data.n_samples, max(1, round(size * data.n_samples / n_total)))
-    index = torch.randperm(data.n_samples, generator=local_gen)[:local_size].sort().values
+    index = sample_shard(data.n_samples, size, n_total, generator, comm)
     rows = data.x.index_select(0, index.to(data.x.device)).to(data.device)
     w = None if sample_weight is None else sample_weight.index_select(0, index.to(sample_weight.device))
     return DataView(rows, data.dtype, data.offset, data.normalize, data.precision), w

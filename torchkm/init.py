@@ -18,11 +18,26 @@ from . import _ops
 from ._distributed import Comm
 from ._reference import DataView
 
-__all__ = ["kmeans_parallel", "kmeans_plusplus", "random_rows"]
+__all__ = ["kmeans_parallel", "kmeans_plusplus", "random_rows", "rank_stream", "sample_shard"]
 
 logger = logging.getLogger("torchkm")
 _SINGLE = Comm()
 _POOL_LLOYD_ITERATIONS = 30
+
+
+def rank_stream(generator: torch.Generator, comm: Comm, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator of this rank's own, seeded from the shared ``generator`` (which it advances the
+    same way on every rank): for draws over a rank's own rows, different on every rank."""
+    stream = torch.Generator(device=device)
+    stream.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank)
+    return stream
+
+
+def sample_shard(n_local: int, size: int, n_total: int, generator: torch.Generator, comm: Comm) -> torch.Tensor:
+    """Sorted indices of a uniform sample of this rank's rows, its share (in proportion to its rows)
+    of a sample of about ``size`` of all ranks' ``n_total`` rows."""
+    local_size = min(n_local, max(1, round(size * n_local / n_total)))
+    return torch.randperm(n_local, generator=rank_stream(generator, comm))[:local_size].sort().values
 
 
 def _draw(cumulative: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -75,10 +90,7 @@ def _random_rows_sharded(
 ) -> torch.Tensor:
     # Efraimidis–Spirakis keys (uniform rows: weight 1) from a stream of this rank's own; the k largest
     # keys of all ranks are a sample of the whole data set without replacement.
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank
-    local = torch.Generator(device="cpu")
-    local.manual_seed(seed)
-    u = torch.rand(data.n_samples, generator=local, dtype=torch.float64)
+    u = torch.rand(data.n_samples, generator=rank_stream(generator, comm), dtype=torch.float64)
     keys = torch.log(u)
     if sample_weight is not None:
         keys = keys / sample_weight.detach().to("cpu", torch.float64)
@@ -153,8 +165,7 @@ def kmeans_parallel(
     closest_sq = _ops.assign(data, candidates[0])[1].to(torch.float64)
     # Per-row coins from a device generator seeded from the fit's stream (and the rank): cheap for
     # 10^8 rows, reproducible for a seed on a given device.
-    coins = torch.Generator(device=device)
-    coins.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)) + comm.rank)
+    coins = rank_stream(generator, comm, device)
     l = oversampling * n_clusters
     for _ in range(rounds):
         weighted = closest_sq if w is None else closest_sq * w
