@@ -56,9 +56,6 @@ class StreamedView(DataView):
     def in_memory(self) -> bool:
         return False
 
-    def rows(self, start: int, stop: int) -> torch.Tensor:
-        return self.transform(self.x[start:stop].to(self.compute_device))
-
     def take(self, index: torch.Tensor) -> torch.Tensor:
         # Gathering from the host in sorted order reads a memory map front to back.
         index = index.to("cpu")
@@ -71,13 +68,6 @@ class StreamedView(DataView):
         for start, _, piece in self.pieces():
             for sub_start, sub_stop, rows in piece.chunks(width, chunk_size):
                 yield start + sub_start, start + sub_stop, rows
-
-    @property
-    def raw_norms(self) -> torch.Tensor:  # type: ignore[override]
-        out = torch.empty(self.n_samples, dtype=torch.float32, device=self.compute_device)
-        for start, stop, piece in self.pieces():
-            out[start:stop] = piece.raw_norms
-        return out
 
     def pieces(self) -> Iterator[tuple[int, int, DataView]]:
         """``(start, stop, view)`` for each chunk of rows, ``view`` an in-memory ``DataView`` on the
