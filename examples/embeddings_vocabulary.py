@@ -83,7 +83,7 @@ def _import(name: str):
         warnings.simplefilter("ignore")
         try:
             return importlib.import_module(name)
-        except Exception:  # modules that need a platform or an optional C library
+        except (ImportError, OSError, RuntimeError, AttributeError):  # needs another platform or a C library
             return None
 
 

@@ -78,17 +78,6 @@ class Comm:
             dist.all_reduce(tensor, group=self.group)
         return tensor
 
-    def sum(self, value: torch.Tensor) -> torch.Tensor:
-        """A summed copy of ``value`` (float64 for scalars, so that totals of shards stay exact)."""
-        return self.sum_(value.clone())
-
-    def max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.active:
-            import torch.distributed as dist
-
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
-        return tensor
-
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` with rank ``src``'s copy (``src`` is a rank of the group)."""
         if self.active:
@@ -103,26 +92,25 @@ class Comm:
             return rows
         import torch.distributed as dist
 
-        count = torch.tensor([rows.shape[0]], dtype=torch.int64, device=rows.device)
-        counts = [torch.empty_like(count) for _ in range(self.world)]
-        dist.all_gather(counts, count, group=self.group)
-        sizes = [int(c) for c in counts]
+        sizes = [int(c) for c in self.gather_same(torch.tensor([rows.shape[0]], dtype=torch.int64, device=rows.device))]
         width = max(sizes)
+        if width == 0:
+            return rows
         padded = rows.new_zeros((width, *rows.shape[1:]))
         padded[: rows.shape[0]] = rows
         parts = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(parts, padded, group=self.group)
         return torch.cat([part[:size] for part, size in zip(parts, sizes)])
 
-    def totals(self, value: float) -> list[float]:
-        """Every rank's ``value``, in rank order."""
+    def gather_same(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenation, in rank order, of every rank's ``tensor`` (the same shape on every rank)."""
         if not self.active:
-            return [value]
+            return tensor
         import torch.distributed as dist
 
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, value, group=self.group)
-        return [float(v) for v in out]
+        parts = [torch.empty_like(tensor) for _ in range(self.world)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.group)
+        return torch.cat(parts)
 
     def same_seed(self, seed: int) -> int:
         """Rank 0's ``seed`` on every rank (each rank may have drawn its own)."""

@@ -51,7 +51,7 @@ def _draw_rows(data: DataView, cumulative: torch.Tensor, size: int, generator: t
     to the increments of this rank's ``cumulative``; the same rows on every rank."""
     if not comm.active:
         return data.take(_draw(cumulative, size, generator))
-    totals = torch.tensor(comm.totals(float(cumulative[-1])), dtype=torch.float64)
+    totals = comm.gather_same(cumulative[-1:].to(torch.float64)).cpu()
     u = torch.rand(size, generator=generator, dtype=torch.float64) * totals.sum()
     ends = torch.cumsum(totals, 0)
     owner = torch.searchsorted(ends, u, right=True).clamp_max_(comm.world - 1)
