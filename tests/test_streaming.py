@@ -108,3 +108,18 @@ def test_streaming_choice(monkeypatch, caplog):
         _loop._streams(x, cuda, "yes")
     with pytest.raises(ValueError, match="chunk_rows must be >= 1"):
         torchkm.fit(x, 2, chunk_rows=0)
+
+
+def test_one_streamed_pass_gives_the_mean_and_variance_far_from_the_origin():
+    from torchkm._distributed import Comm
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(777, 9, generator=g) * 0.05 + 3e3
+    w = torch.rand(777, generator=g)
+    streamed = StreamedView(x, torch.float32, compute_device=torch.device("cpu"), chunk_rows=100)
+    for weights in (None, w):
+        mean, variance = _loop._data_mean(streamed, weights, Comm(), with_variance=True)
+        expected_mean = _loop._data_mean(DataView(x, torch.float32), weights, Comm())[0]
+        expected = _loop._feature_variance_mean(DataView(x, torch.float32, expected_mean), weights, Comm())
+        torch.testing.assert_close(mean, expected_mean, rtol=0, atol=1e-3)
+        assert variance == pytest.approx(expected, rel=1e-4)

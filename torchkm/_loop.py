@@ -432,20 +432,35 @@ def _feature_variance_mean(data: DataView, sample_weight: torch.Tensor | None, c
     return float((packed[d: 2 * d] / packed[-1] - mean * mean).clamp_min(0).mean())
 
 
-def _data_mean(data: DataView, sample_weight: torch.Tensor | None, comm: Comm) -> torch.Tensor:
-    """The (weighted) mean row of all ranks' raw rows (``data`` has no offset). On the host for CPU
-    data; non-finite input shows up here, and is reported with its rows, for streamed data."""
-    acc = torch.float64 if data.device.type == "cpu" else data.dtype
-    total = torch.zeros(data.n_features, dtype=acc, device=data.device)
-    for start, stop, rows in data.chunks(data.n_features):
-        rows = rows.to(acc)
-        total += rows.sum(0) if sample_weight is None else sample_weight[start:stop].to(acc) @ rows
+def _data_mean(
+    data: DataView, sample_weight: torch.Tensor | None, comm: Comm, with_variance: bool = False
+) -> tuple[torch.Tensor, float | None]:
+    """The (weighted) mean row of all ranks' raw rows (``data`` has no offset), on the host for CPU
+    data, and with ``with_variance`` the mean feature variance (``_feature_variance_mean``) from the
+    same pass: streamed rows are then read once for both. Those second moments are taken about rank
+    0's first row in float64, so that data far from the origin keep their variance. Non-finite
+    streamed input shows up here and is reported with its rows."""
+    acc = torch.float64 if data.device.type == "cpu" or with_variance else data.dtype
+    d = data.n_features
+    shift = torch.zeros(d, dtype=acc, device=data.device)
+    if with_variance:
+        comm.broadcast_(shift.copy_(data.take(torch.zeros(1, dtype=torch.int64))[0]))
+    total = torch.zeros(d, dtype=acc, device=data.device)
+    total_sq = torch.zeros(d if with_variance else 0, dtype=acc, device=data.device)
+    for start, stop, rows in data.chunks(d):
+        rows = rows.to(acc) - shift if with_variance else rows.to(acc)
+        w = None if sample_weight is None else sample_weight[start:stop].to(acc)
+        total += rows.sum(0) if w is None else w @ rows
+        if with_variance:
+            total_sq += (rows * rows).sum(0) if w is None else w @ (rows * rows)
     n_eff = torch.tensor(float(data.n_samples), dtype=torch.float64, device=data.device) if sample_weight is None \
         else sample_weight.to(torch.float64).sum()
-    packed = comm.sum_(torch.cat([total.double(), n_eff.reshape(1)]))
+    packed = comm.sum_(torch.cat([total.double(), total_sq.double(), n_eff.reshape(1)]))
     if not data.in_memory and not bool(torch.isfinite(packed).all()):
         ensure_finite(data.x, "x")  # names the first bad row (on the host: only on this error path)
-    return (packed[:-1] / packed[-1]).to(data.dtype)
+    moment = packed[:d] / packed[-1]
+    variance = float((packed[d:2 * d] / packed[-1] - moment * moment).clamp_min(0).mean()) if with_variance else None
+    return (shift.double() + moment).to(data.dtype), variance
 
 
 # k-means++ on streamed data runs on a uniform sample of the rows held on the GPU, at most this
@@ -509,7 +524,7 @@ def initial_centroids(
     normalize = metric == "cosine"
     if normalize:
         check_nonzero_rows(x)
-    offset = None if normalize else _data_mean(DataView(x, dtype), sample_weight, Comm())
+    offset = None if normalize else _data_mean(DataView(x, dtype), sample_weight, Comm())[0]
     data = DataView(x, dtype, offset, normalize)
     given = None
     if not isinstance(init, str) and not callable(init):
@@ -657,8 +672,10 @@ def fit(
     n_total = int(comm.sum_(torch.tensor([n], dtype=torch.float64, device=target))[0])
     check_n_clusters(n_clusters, n_total)
     # Centering keeps ||x||^2 - 2 x.c + ||c||^2 accurate for data far from the origin.
-    offset = None if normalize else _data_mean(_as_view(x, dtype, None, False, precision, stream_to, chunk_rows),
-                                               weights, comm)
+    # Streamed rows are read once for both the mean and the variance that scales tol.
+    offset, variance = (None, None) if normalize else _data_mean(
+        _as_view(x, dtype, None, False, precision, stream_to, chunk_rows), weights, comm,
+        with_variance=stream_to is not None)
     data = _as_view(x, dtype, offset, normalize, precision, stream_to, chunk_rows)
 
     given = None
@@ -679,7 +696,9 @@ def fit(
         n_train = int(comm.sum_(torch.tensor([train.n_samples], dtype=torch.float64, device=target))[0])
         logger.info("max_points_per_centroid=%d: Lloyd iterations on a uniform sample of %d of %d rows; "
                     "labels and inertia are of all rows", max_points_per_centroid, n_train, n_total)
-    tol_abs = tol * _feature_variance_mean(train, train_weights, comm)
+    if variance is None or train is not data:
+        variance = _feature_variance_mean(train, train_weights, comm)
+    tol_abs = tol * variance
     bar = None
     if progress:
         from tqdm.auto import tqdm
