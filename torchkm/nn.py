@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _online, _ops
+from ._distributed import Comm
 from ._loop import fit as _kmeans_fit
 from ._validation import check_precision
 
@@ -79,20 +80,6 @@ def _distributed() -> bool:
         and torch.distributed.is_initialized()
         and torch.distributed.get_world_size() > 1
     )
-
-
-def _gather_rows(rows: torch.Tensor) -> torch.Tensor:
-    """All ranks' ``rows`` (n_r, d), concatenated in rank order, on every rank."""
-    dist = torch.distributed
-    size = torch.tensor([rows.shape[0]], device=rows.device)
-    sizes = [torch.empty_like(size) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, size)
-    counts = [int(s) for s in sizes]
-    padded = rows.new_zeros(max(counts), rows.shape[1])
-    padded[: rows.shape[0]] = rows
-    parts = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:c] for p, c in zip(parts, counts)])
 
 
 class VectorQuantizer(nn.Module):
@@ -227,7 +214,7 @@ class VectorQuantizer(nn.Module):
         pooled = torch.cat(self._pending)
         sync = self._sync()
         if sync:
-            pooled = _gather_rows(pooled)
+            pooled = Comm(torch.distributed.group.WORLD).gather_rows(pooled)
         if pooled.shape[0] < self.num_codes:
             logger.info("VectorQuantizer: %d of %d vectors pooled for the k-means initialisation",
                         pooled.shape[0], self.num_codes)
