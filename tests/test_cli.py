@@ -77,3 +77,9 @@ def test_distributed_without_torchrun_is_a_clear_error(tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.zeros((10, 2), dtype=np.float32))
     assert main(["fit", str(tmp_path / "x.npy"), "-k", "2", "--device", "cpu", "--distributed"]) == 2
     assert "--distributed needs a torchrun launch" in capsys.readouterr().err
+
+
+def test_streaming_needs_a_gpu_and_says_so(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.ones((10, 2), dtype=np.float32))
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "2", "--device", "cpu", "--streaming", "on"]) == 2
+    assert "streaming=True needs rows in host memory and a GPU" in capsys.readouterr().err
