@@ -169,5 +169,6 @@ def _plot(path: str, where: list[str], labels: torch.Tensor, sizes: torch.Tensor
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
+
 if __name__ == "__main__":
     main()
