@@ -28,6 +28,7 @@ from torchkm._kernels.assign import assign as kernel_assign
 from triton.testing import do_bench
 
 from torchkm import _loop
+from torchkm._distributed import Comm
 from torchkm._reference import DataView
 
 WORKLOADS = [  # (name, n, d, k): DESIGN.md section 4, plus the vocabulary-scale case of issue 3
@@ -95,9 +96,19 @@ def torch_dense(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
         float(counts[0])  # the host sync a convergence check costs
 
 
+def centred_view(x: torch.Tensor, precision: str = "exact") -> tuple[DataView, torch.Tensor]:
+    """The view ``fit`` makes of ``x`` (rows centred on their mean, float32 arithmetic) and that mean."""
+    offset = _loop._data_mean(DataView(x, torch.float32), None, Comm())[0]
+    return DataView(x, torch.float32, offset, False, precision), offset
+
+
+def default_tol(data: DataView) -> float:
+    """``fit``'s default ``tol`` (1e-4) scaled as ``fit`` scales it: by the mean feature variance."""
+    return 1e-4 * _loop._feature_variance_mean(data, None, Comm())
+
+
 def torchkm_lloyd(x: torch.Tensor, c0: torch.Tensor, n_iter: int, precision: str) -> int:
-    offset = _loop._data_mean(x, torch.float32, None)
-    data = DataView(x, torch.float32, offset, False, precision)
+    data, offset = centred_view(x, precision)
     out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=n_iter, tol=-1.0)
     return out.n_iter
 
