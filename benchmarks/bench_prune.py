@@ -13,7 +13,15 @@ to the rule's row-by-row upper bound (seed 000 Figs. 3 and 5) and the imbalance 
 averaged over iterations after the first; plus flash-kmeans' time per iteration on the same data
 and the floor of a dense iteration (2nkd FLOPs at the measured tf32 rate, or reading x once).
 
-    python benchmarks/bench_prune.py --json out/bench_prune.json [--sizes 1 16] [--sigma2 0.0125 0.05 0.3]
+Plus real 128-d SIFT descriptors (``--sift``: the file ``benchmarks/sift_data.py`` writes) with
+``--sift-k`` clusters. Times are medians of ``--repeats`` fits after an untimed one that compiles
+(one timed fit where a second untimed one still took over 2 s).
+``--decompose`` adds seed 000's Table I: where a fit's GPU time goes, kernel by kernel
+(torch.profiler), grouped into labeling, inter-centroid distances (ICD), their ranking (RID), the
+bounds' settle pass, the update, reordering and the rest.
+
+    python benchmarks/bench_prune.py --json out/bench_prune.json [--sizes 1 16] [--sigma2 0.0125 0.05 0.3] \
+        [--sift .data/sift.npy --sift-k 4096] [--repeats 3] [--decompose]
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -29,43 +38,95 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_lloyd import ceilings, flash, per_iteration
+from bench_lloyd import ceilings, centred_view, default_tol, flash, per_iteration
 from torchkm._kernels.assign import assign as kernel_assign
 
 from torchkm import _loop
-from torchkm._reference import DataView
 
 ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
 BASE_N = 245_760
 
 
-def seed000_data(n: int, d: int, k: int, sigma2: float, seed: int) -> torch.Tensor:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    centres = torch.rand(k, d, device="cuda", generator=g)
-    x = centres[torch.arange(n, device="cuda") % k] + sigma2**0.5 * torch.randn(n, d, device="cuda", generator=g)
-    return x[torch.randperm(n, device="cuda", generator=g)].contiguous()
+def seed000_data(n: int, d: int, k: int, sigma2: float, seed: int, device: str = "cuda") -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(seed)
+    centres = torch.rand(k, d, device=device, generator=g)
+    x = centres[torch.arange(n, device=device) % k] + sigma2**0.5 * torch.randn(n, d, device=device, generator=g)
+    return x[torch.randperm(n, device=device, generator=g)].contiguous()
+
+
+def synchronize(x: torch.Tensor) -> None:
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
 
 
 def run(x: torch.Tensor, c0: torch.Tensor, algorithm: str, max_iter: int) -> tuple[_loop.KMeansResult, float]:
     """One fit from ``c0``; the result's centroids are in the data's centred space (see ``offset``)."""
-    offset = _loop._data_mean(x, torch.float32, None)
-    data = DataView(x, torch.float32, offset, False, "exact")
-    torch.cuda.synchronize()
+    data, offset = centred_view(x)
+    synchronize(x)
     t0 = time.perf_counter()
-    tol = 1e-4 * _loop._feature_variance_mean(data, None)  # the library's default tol
+    tol = default_tol(data)
     out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=max_iter, tol=tol, algorithm=algorithm)
-    torch.cuda.synchronize()
+    synchronize(x)
     return out, (time.perf_counter() - t0) * 1e3
+
+
+# Kernel names (substrings, lower case) -> seed 000 Table I's components, first match wins.
+COMPONENTS = (
+    ("labeling: tensor-core search", ("_assign_kernel", "_assign_small_d_kernel")),
+    ("labeling: triangle scan", ("_scan_kernel",)),
+    ("settle pass (bounds)", ("_settle_kernel",)),
+    ("ICD", ("cdist",)),
+    ("RID", ("sort", "radix")),
+    ("update", ("_prepare_kernel", "_finish_kernel")),
+    ("reorder / scatter", ("index", "gather", "scatter", "copy")),
+)
+
+
+def decompose(x: torch.Tensor, c0: torch.Tensor, algorithm: str, max_iter: int) -> dict[str, float]:
+    """GPU milliseconds of one fit by component (``COMPONENTS``; the rest is "other")."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(x, c0, algorithm, max_iter)
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", None)
+        if us is None:
+            us = getattr(event, "self_cuda_time_total", 0.0)
+        if not us:
+            continue
+        name = event.key.lower()
+        part = next((label for label, keys in COMPONENTS if any(key in name for key in keys)), "other")
+        out[part] = out.get(part, 0.0) + us * 1e-3
+    return out
+
+
+def workloads(args, seed: int):
+    """(name, x, k, sigma2 or None) for each workload, the data made on the GPU when needed."""
+    d = 32
+    for size in args.sizes:
+        for k in args.ks:
+            for s2 in args.sigma2:
+                yield f"seed000 {BASE_N * size}x{d}", lambda n=BASE_N * size, k=k, s2=s2: seed000_data(n, d, k, s2, seed), k, s2
+    if args.sift:
+        import numpy as np
+
+        for k in args.sift_k:
+            yield "SIFT", lambda: torch.from_numpy(np.load(args.sift)).cuda().float(), k, None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default="out/bench_prune.json")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16], help="multiples of 245,760 rows")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1, 16], help="multiples of 245,760 rows")
     parser.add_argument("--ks", type=int, nargs="+", default=[32, 1024])
     parser.add_argument("--sigma2", type=float, nargs="+", default=[0.0125, 0.05, 0.1, 0.2, 0.3])
+    parser.add_argument("--sift", default=None, help="a .npy of SIFT descriptors (benchmarks/sift_data.py)")
+    parser.add_argument("--sift-k", type=int, nargs="+", default=[4096])
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--max-iter", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decompose", action="store_true", help="seed 000 Table I: GPU time by component")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-flash", action="store_true")
     args = parser.parse_args()
@@ -73,6 +134,7 @@ def main() -> None:
     info = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "seed": seed,
+        "repeats": args.repeats,
     }
     try:
         import flash_kmeans
@@ -82,67 +144,87 @@ def main() -> None:
         args.no_flash = True
     info["ceilings"] = ceil = ceilings()
     print(json.dumps(info))
-    d = 32
     rows = []
-    for size in args.sizes:
-        n = BASE_N * size
-        for k in args.ks:
-            for s2 in args.sigma2:
-                x = seed000_data(n, d, k, s2, seed)
-                g = torch.Generator(device="cuda").manual_seed(seed + 1)
-                c0 = x[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
-                floor = max(2 * n * k * d / (ceil["tf32_TFLOPs"] * 1e12), n * d * 4 / (ceil["copy_TBps"] * 1e12)) * 1e3
-                row = {"n": n, "d": d, "k": k, "sigma2": s2, "floor_ms": floor}
-                ref = None
-                for alg in args.algorithms:
-                    run(x, c0, alg, args.max_iter)  # compile every kernel this algorithm may use
-                    out, total = run(x, c0, alg, args.max_iter)
-                    if ref is None:
-                        ref = out
-                    # Exactness: the labels are the dense exact pass's for the run's own centroids
-                    # (atomic fp32 sums make whole trajectories of any two runs drift apart in the
-                    # last bits, so runs are compared to themselves, and to dense in iterations).
-                    dense = kernel_assign(x, out.centroids, precision="exact", offset=_loop._data_mean(x, torch.float32, None),
-                                          raw_norms=torch.linalg.vector_norm(x.float(), dim=1)).labels
-                    off = int((dense != out.labels).sum())
-                    same = off == 0
-                    later = out.history[1:] or out.history
-                    kernels = [h.kernel for h in out.history]
-                    row[alg] = {
-                        "ms": total, "n_iter": out.n_iter, "ms_per_iter": total / out.n_iter, "labels_exact": same,
-                        "labels_off": off, "same_iterations_as_lloyd": out.n_iter == ref.n_iter,
-                        "same_labels_as_lloyd": bool(torch.equal(out.labels, ref.labels)),
-                        "skipped": sum(h.skipped for h in later) / len(later),
-                        "skipped_bound": sum(h.skipped_bound for h in later) / len(later),
-                        "imbalance": sum(h.imbalance for h in later) / len(later),
-                        "kernels": {kname: kernels.count(kname) for kname in dict.fromkeys(kernels)},
-                    }
-                    if not same:
-                        print(f"MISMATCH {alg} n={n} k={k} sigma2={s2}: {off} labels are not the nearest "
-                              "centroid's", flush=True)
-                if not args.no_flash:
-                    row["flash_ms_per_iter"] = per_iteration(lambda m, x=x, c0=c0: flash(x, c0, m), 20)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                del x
-                torch.cuda.empty_cache()
-    print(f"\n{'n':>9} {'k':>5} {'s2':>6} | {'iters':>5} | " + " ".join(f"{a + ' ms':>12}" for a in args.algorithms)
-          + " | " + " ".join(f"{a[:5] + ' it':>8}" for a in args.algorithms)
-          + f" | {'flash/it':>8} {'floor/it':>8} | {'pruned skip':>11} {'bound':>6} | {'tri skip':>8} {'bound':>6} {'R':>5} | exact")
-    for r in rows:
-        times = " ".join(f"{r[a]['ms']:12.2f}" for a in args.algorithms)
-        p = r.get("pruned", {})
-        t = r.get("triangle", {})
-        same = all(r[a]["labels_exact"] for a in args.algorithms)
-        iters = " ".join(f"{r[a]['n_iter']:>8}" for a in args.algorithms)
-        print(f"{r['n']:>9} {r['k']:>5} {r['sigma2']:>6} | {r['lloyd']['n_iter']:>5} | {times} | {iters} | "
-              f"{r.get('flash_ms_per_iter', float('nan')):8.3f} {r['floor_ms']:8.3f} | "
-              f"{p.get('skipped', float('nan')):11.3f} {p.get('skipped_bound', float('nan')):6.3f} | "
-              f"{t.get('skipped', float('nan')):8.3f} {t.get('skipped_bound', float('nan')):6.3f} "
-              f"{t.get('imbalance', float('nan')):5.2f} | {same}")
+    for name, make, k, s2 in workloads(args, seed):
+        x = make()
+        n, d = x.shape
+        g = torch.Generator(device="cuda").manual_seed(seed + 1)
+        c0 = x[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
+        floor = max(2 * n * k * d / (ceil["tf32_TFLOPs"] * 1e12), n * d * 4 / (ceil["copy_TBps"] * 1e12)) * 1e3
+        row = {"data": name, "n": n, "d": d, "k": k, "sigma2": s2, "floor_ms": floor}
+        ref = None
+        for alg in args.algorithms:
+            _, first_ms = run(x, c0, alg, args.max_iter)  # compiles every kernel this algorithm may use
+            if first_ms > 2000:  # compilation, or a slow fit: see which
+                _, first_ms = run(x, c0, alg, args.max_iter)
+            # Fits of seconds (the scalar triangle scan at large k) are timed once.
+            timed = [run(x, c0, alg, args.max_iter) for _ in range(args.repeats if first_ms < 2000 else 1)]
+            total = statistics.median(ms for _, ms in timed)
+            out = timed[-1][0]
+            if ref is None:
+                ref = out
+            # Exactness: the labels are the dense exact pass's for the run's own centroids
+            # (atomic fp32 sums make whole trajectories of any two runs drift apart in the
+            # last bits, so runs are compared to themselves, and to dense in iterations).
+            dense = kernel_assign(x, out.centroids, precision="exact", offset=centred_view(x)[1],
+                                  raw_norms=torch.linalg.vector_norm(x.float(), dim=1)).labels
+            off = int((dense != out.labels).sum())
+            later = out.history[1:] or out.history
+            kernels = [h.kernel for h in out.history]
+            row[alg] = {
+                "ms": total, "ms_runs": [ms for _, ms in timed], "n_iter": out.n_iter, "ms_per_iter": total / out.n_iter,
+                "labels_exact": off == 0, "labels_off": off, "same_iterations_as_lloyd": out.n_iter == ref.n_iter,
+                "same_labels_as_lloyd": bool(torch.equal(out.labels, ref.labels)),
+                "skipped": sum(h.skipped for h in later) / len(later),
+                "skipped_bound": sum(h.skipped_bound for h in later) / len(later),
+                "imbalance": sum(h.imbalance for h in later) / len(later),
+                "kernels": {kname: kernels.count(kname) for kname in dict.fromkeys(kernels)},
+            }
+            if args.decompose and alg != "lloyd":
+                row[alg]["decomposition_ms"] = decompose(x, c0, alg, args.max_iter)
+            if off:
+                print(f"MISMATCH {alg} {name} k={k} sigma2={s2}: {off} labels are not the nearest centroid's", flush=True)
+        if not args.no_flash:
+            row["flash_ms_per_iter"] = per_iteration(lambda m, x=x, c0=c0: flash(x, c0, m), 20)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del x
+        torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"info": info, "rows": rows}, f, indent=1)
+    report(rows, args.algorithms)
+
+
+def report(rows: list[dict], algorithms: list[str]) -> None:
+    nan = float("nan")
+    print(f"\n{'data':>17} {'k':>5} {'s2':>6} | {'iters':>5} | " + " ".join(f"{a + ' ms':>12}" for a in algorithms)
+          + " | " + " ".join(f"{a[:5] + ' it':>8}" for a in algorithms)
+          + f" | {'flash/it':>8} {'floor/it':>8} | {'pruned skip':>11} {'bound':>6} | {'tri skip':>8} {'bound':>6} {'R':>5} | exact")
+    for r in rows:
+        times = " ".join(f"{r[a]['ms']:12.2f}" for a in algorithms)
+        p = r.get("pruned", {})
+        t = r.get("triangle", {})
+        same = all(r[a]["labels_exact"] for a in algorithms)
+        iters = " ".join(f"{r[a]['n_iter']:>8}" for a in algorithms)
+        first = r[algorithms[0]]["n_iter"]
+        s2 = "-" if r["sigma2"] is None else r["sigma2"]
+        print(f"{r['data']:>17} {r['k']:>5} {s2:>6} | {first:>5} | {times} | {iters} | "
+              f"{r.get('flash_ms_per_iter', nan):8.3f} {r['floor_ms']:8.3f} | "
+              f"{p.get('skipped', nan):11.3f} {p.get('skipped_bound', nan):6.3f} | "
+              f"{t.get('skipped', nan):8.3f} {t.get('skipped_bound', nan):6.3f} "
+              f"{t.get('imbalance', nan):5.2f} | {same}")
+    parts = [label for label, _ in COMPONENTS] + ["other"]
+    decomposed = [(r, a) for r in rows for a in algorithms if "decomposition_ms" in r.get(a, {})]
+    if decomposed:
+        print("\nGPU time by component, % of the fit's GPU time (seed 000 Table I)")
+        print(f"{'data':>17} {'k':>5} {'s2':>6} {'algorithm':>9} | " + " | ".join(f"{p[:12]:>12}" for p in parts))
+        for r, a in decomposed:
+            dec = r[a]["decomposition_ms"]
+            total = sum(dec.values()) or 1.0
+            s2 = "-" if r["sigma2"] is None else r["sigma2"]
+            print(f"{r['data']:>17} {r['k']:>5} {s2:>6} {a:>9} | "
+                  + " | ".join(f"{100 * dec.get(p, 0.0) / total:12.1f}" for p in parts))
 
 
 if __name__ == "__main__":
