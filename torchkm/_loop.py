@@ -228,48 +228,55 @@ def _use_cuda_graphs(data: DataView, k: int, comm: Comm) -> bool:
 class _Hybrid:
     """``algorithm="auto"``: seed 000's hybrid, deciding from times measured on the running device.
 
-    Epoch 1 runs the dense engine while labels still move a lot (pruning saves little there) and
-    measures its time per iteration. Once fewer than ``enter_changed`` of the rows change label,
-    the bounds engine takes over (its first pass is a full search, an ordinary Lloyd iteration);
-    if its passes then cost more than the dense ones (``patience`` passes in a row, the first
-    one, which compiles, not counted), the dense engine finishes the run. Problems whose dense
-    pass is too small for pruning to pay (``min_work``) stay dense from the start.
+    The bounds engine runs from the first iteration. Its first ``full_passes`` passes search every
+    row, so they are dense Lloyd iterations, and the device time of the last of them (CUDA events)
+    is a first dense reference. Later passes settle the rows their bounds allow and search the
+    rest. Once those run as they will from then on (replayed as a CUDA graph, or eagerly after the
+    first where graphs are off), each is timed with its host sync and judged against the reference;
+    when ``patience`` of them in a row take longer, the dense engine finishes the run (like seed
+    000's, that decision is final). A dense pass gets cheaper as labels settle (fewer rows to
+    re-search), so the reference is renewed by a full pass after ``first_refresh`` judged passes and
+    every ``refresh_every`` after that; those replay a CUDA graph like the settle passes and are
+    timed the same way (wall time with the host sync), which also replaces a first reference that
+    included compilation or gaps between eager launches. Problems too small for the choice to matter (``min_work``) and
+    data the bounds do not serve (d <= 8) stay dense.
     """
 
-    enter_changed = 0.05
-    patience = 2
-    min_work = 1 << 28  # n * k * d below which a dense pass is launch-bound
+    full_passes = 2
+    patience = 3
+    first_refresh = 3
+    refresh_every = 16
+    min_work = 1 << 24  # n * k * d below which a whole fit is a few milliseconds of launches
 
     def __init__(self, data: DataView, k: int):
         self.enabled = _ops.bounds_supported(data) and data.n_samples * k * data.n_features >= self.min_work
-        self.dense_seconds: list[float] = []
-        self.dense_reads = 0.0
-        self.state = "dense"  # -> "pruned" -> "done"
+        self.done = not self.enabled
         self.slow = 0
+        self.judged = 0
+        self.dense_seconds: float | None = None
 
-    def after(self, stats: IterationStats, n: int, rows_in_read: int, first_of_engine: bool) -> str | None:
-        """Record an iteration; returns the engine to switch to, if any."""
-        if not self.enabled or self.state == "done":
+    def after(self, stats: IterationStats, engine) -> str | None:
+        """Record a pruned pass; returns ``"lloyd"`` when the dense engine should take over."""
+        if self.done or stats.kernel != "pruned":
             return None
-        if stats.kernel == "lloyd":
-            if not first_of_engine:
-                self.dense_seconds.append(stats.seconds)
-                self.dense_reads += 1.0 / rows_in_read
-            # Two reads measured: with CUDA graphs, the first block is the capture, the second a replay.
-            measured = self.dense_reads >= 2.0 - 1e-9
-            if self.state == "dense" and measured and stats.labels_changed < self.enter_changed * n:
-                self.state = "pruned"
-                return "pruned"
+        if engine.last_pass == "full-replay":  # timed as the settle passes are: the fair reference
+            self.dense_seconds = stats.seconds
             return None
-        if first_of_engine or stats.skipped_bound == 0.0:  # compiling, or the bounds' first full pass
+        if engine.last_pass.startswith("full"):  # eager: device time, a first estimate
+            if engine.last_pass == "full" and engine.full_pass_seconds:
+                self.dense_seconds = engine.full_pass_seconds[-1]
             return None
-        reference = min(self.dense_seconds) if self.dense_seconds else float("inf")
-        self.slow = self.slow + 1 if stats.seconds > reference else 0
+        if engine.last_pass not in ("replay", "eager") or self.dense_seconds is None:
+            return None
+        self.judged += 1
+        self.slow = self.slow + 1 if stats.seconds > self.dense_seconds else 0
         if self.slow >= self.patience:
-            self.state = "done"
-            logger.info("auto: pruned passes (%.3g ms) cost more than dense ones (%.3g ms); finishing dense",
-                        stats.seconds * 1e3, reference * 1e3)
+            self.done = True
+            logger.info("auto: pruned passes (%.3g ms) cost more than a dense one (%.3g ms); finishing dense",
+                        stats.seconds * 1e3, self.dense_seconds * 1e3)
             return "lloyd"
+        if self.judged == self.first_refresh or (self.judged - self.first_refresh) % self.refresh_every == 0:
+            engine.request_full_pass()
         return None
 
 
@@ -324,6 +331,7 @@ def lloyd(
         logger.info("algorithm='pruned' needs d > 8 (the exact tensor-core pass); running dense Lloyd")
     elif algorithm == "auto":
         hybrid = _Hybrid(data, c.shape[0])
+        kind = "lloyd" if hybrid.done else "pruned"
     else:
         kind = algorithm
     if kernels:
@@ -336,7 +344,8 @@ def lloyd(
             if kind == "lloyd":
                 return _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol,
                                          _GRAPH_BLOCK if graphs else 1, graphs, comm.sum_ if comm.active else None)
-            return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data))
+            return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data),
+                                      _Hybrid.full_passes if hybrid is not None else 1)
 
         engine = make_engine(kind, c)
     engine_iterations = 0
@@ -344,7 +353,8 @@ def lloyd(
     while it < max_iter:
         t0 = time.perf_counter()
         if engine is not None:
-            if engine_iterations == 0 or engine.block == 1:
+            # A dense engine taking over mid-run starts with a block (whose kernels are compiled).
+            if (engine_iterations == 0 and it == 0) or engine.block == 1:
                 engine.iterate(has_prev=it > 0)
                 rows = engine.read(1)
             else:
@@ -357,7 +367,6 @@ def lloyd(
             step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight, comm, deterministic)
             rows = [device_stats.tolist()]
         seconds = (time.perf_counter() - t0) / len(rows)
-        first_of_engine = engine_iterations == 0
         engine_iterations += len(rows)
         switch_to = None
         for inertia_f, shift_f, changed_f, empty_f in rows:
@@ -383,7 +392,7 @@ def lloyd(
             stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds, *pruning)
             history.append(stats)
             if hybrid is not None:
-                switch_to = hybrid.after(stats, data.n_samples, len(rows), first_of_engine) or switch_to
+                switch_to = hybrid.after(stats, engine) or switch_to
             if on_iteration is not None:
                 on_iteration(stats)
             if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:

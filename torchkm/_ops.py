@@ -184,11 +184,12 @@ def lloyd_engine(
 
 def pruned_engine(
     data: DataView, centroids: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor | None, tol: float,
-    kind: str, graphs: bool,
+    kind: str, graphs: bool, full_passes: int = 1,
 ):
     """A pruned Lloyd engine of ``torchkm._kernels.prune``: ``kind="pruned"`` the bounds engine
-    (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph),
-    ``"triangle"`` seed 000's scan with workload reordering."""
+    (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph;
+    its first ``full_passes`` passes search every row), ``"triangle"`` seed 000's scan with workload
+    reordering."""
     from ._kernels.prune import BoundsEngine, TriangleEngine
 
     inputs = _kernel_inputs(data)
@@ -196,7 +197,8 @@ def pruned_engine(
               "normalize": data.normalize, "tol": tol}
     if kind == "triangle":
         return TriangleEngine(data.x, centroids, labels, **common)
-    return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, **common)
+    return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, full_passes=full_passes,
+                        **common)
 
 
 def bounds_supported(data: DataView) -> bool:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -446,7 +447,7 @@ class BoundsEngine:
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
         row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None,
-        normalize: bool, tol: float, graphs: bool = False,
+        normalize: bool, tol: float, graphs: bool = False, full_passes: int = 1,
     ):
         n, d = x.shape
         k = centroids.shape[0]
@@ -469,33 +470,68 @@ class BoundsEngine:
         self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
         self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
         self.info: PassInfo | None = None
-        self._full = True
-        # A settle pass is about five launches whose Python cost (~2 ms) dwarfs a small pass: the
-        # second one is captured as a CUDA graph and replayed from then on (no host sync inside).
+        # The first ``full_passes`` passes (at least one: the bounds come from it) search every row.
+        self._full_left = max(1, full_passes)
+        # A settle pass is about five launches, more host time than a small pass takes on the GPU:
+        # the second one is captured as a CUDA graph and replayed from then on (no host sync inside).
         self._use_graphs = graphs and x.device.type == "cuda"
         self._graph: torch.cuda.CUDAGraph | None = None
         self._settle_passes = 0
+        # How the last pass ran: "full", "full-capture" or "full-replay" (every row searched),
+        # "first" (the first settle pass, which compiles), "capture", "replay" or "eager"; and the
+        # device time of each eager full pass (seconds, from CUDA events, known after the ``read``
+        # that follows it). Full passes after the first with previous labels replay a graph.
+        self.last_pass = ""
+        self.full_pass_seconds: list[float] = []
+        self._timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        self._full_graph: torch.cuda.CUDAGraph | None = None
+        self._full_passes_eager = 0  # full passes with previous labels run eagerly (compiled)
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
     def iterate(self, has_prev: bool) -> None:
-        p = self.assign_pass
-        n = self.x.shape[0]
         if not has_prev:
-            self._full = True
-        if self._full:
-            # No bounds yet: search every row (this is a dense pass), recording the bounds.
-            p.part_inertia[p.extra_base:].zero_()
-            self.active_count.fill_(n)
-            p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
-              sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
-            self._full = False
-            self._finish()
+            self._full_left = max(1, self._full_left)
+        if self._full_left:
+            self._full_left -= 1
+            if self._full_graph is not None and has_prev:
+                # A later full pass (the hybrid's dense reference) replays like the settle passes, so
+                # that its wall time compares with theirs.
+                self._full_graph.replay()
+                self.last_pass = "full-replay"
+                return
+            if self._use_graphs and has_prev and self._full_passes_eager >= 1:
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(graph):
+                        self._full_pass(True)
+                except RuntimeError as err:
+                    logger.debug("CUDA graph capture of the full pass failed (%s)", err)
+                else:
+                    self._full_graph = graph
+                    graph.replay()
+                    self.last_pass = "full-capture"
+                    return
+            # Device time from CUDA events (on the host for the interpreter), gaps between launches included.
+            on_device = self.x.device.type == "cuda"
+            if on_device:
+                self._timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                self._timing[0].record()
+            started = time.perf_counter()
+            self._full_pass(has_prev)
+            if on_device:
+                self._timing[1].record()
+            else:
+                self.full_pass_seconds.append(time.perf_counter() - started)
+            self._full_passes_eager += int(has_prev)
+            self.last_pass = "full"
             return
         if self._graph is not None:
             self._graph.replay()
+            self.last_pass = "replay"
             return
         if self._use_graphs and self._settle_passes >= 1:
             graph = torch.cuda.CUDAGraph()
+            self.last_pass = "capture"
             try:
                 with torch.cuda.graph(graph):
                     self._settle_pass()
@@ -507,8 +543,22 @@ class BoundsEngine:
             self._graph = graph
             graph.replay()
             return
+        self.last_pass = "first" if self._settle_passes == 0 else "eager"
         self._settle_pass()
         self._settle_passes += 1
+
+    def _full_pass(self, has_prev: bool) -> None:
+        """Search every row (a dense pass), recording each row's bound."""
+        p = self.assign_pass
+        p.part_inertia[p.extra_base:].zero_()
+        self.active_count.fill_(self.x.shape[0])
+        p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
+          sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
+        self._finish()
+
+    def request_full_pass(self) -> None:
+        """Make the next pass search every row (a dense Lloyd iteration, timed on the device)."""
+        self._full_left = max(1, self._full_left)
 
     def _settle_pass(self) -> None:
         p = self.assign_pass
@@ -552,6 +602,9 @@ class BoundsEngine:
     def read(self, rows: int) -> list[list[float]]:
         p = self.assign_pass
         values = torch.cat([self.stats[0], self.active_count.double(), p.flag_count.double()]).tolist()
+        if self._timing is not None:  # the sync above has passed the pass's end event
+            self.full_pass_seconds.append(self._timing[0].elapsed_time(self._timing[1]) * 1e-3)
+            self._timing = None
         n, k = self.x.shape[0], self.c.shape[0]
         active, flagged = values[4], values[5]
         block = p.cfg["BLOCK_N"]
