@@ -229,23 +229,22 @@ class _Hybrid:
     """``algorithm="auto"``: seed 000's hybrid, deciding from times measured on the running device.
 
     The bounds engine runs from the first iteration. Its first ``full_passes`` passes search every
-    row, so they are dense Lloyd iterations, and the device time of the last of them (CUDA events)
-    is a first dense reference. Later passes settle the rows their bounds allow and search the
-    rest. Once those run as they will from then on (replayed as a CUDA graph, or eagerly after the
-    first where graphs are off), each is timed with its host sync and judged against the reference;
-    when ``patience`` of them in a row take longer, the dense engine finishes the run (like seed
-    000's, that decision is final). A dense pass gets cheaper as labels settle (fewer rows to
-    re-search), so the reference is renewed by a full pass after ``first_refresh`` judged passes and
-    every ``refresh_every`` after that; those replay a CUDA graph like the settle passes and are
-    timed the same way (wall time with the host sync), which also replaces a first reference that
-    included compilation or gaps between eager launches. Problems too small for the choice to matter (``min_work``) and
-    data the bounds do not serve (d <= 8) stay dense.
+    row, so they are dense Lloyd iterations: the first two run eagerly (they compile), the third is
+    captured as a CUDA graph and the fourth replays it, timed with its host sync: that is the dense
+    reference. Later passes settle the rows their bounds allow and search the rest; once they replay
+    as a graph too (or run eagerly after the first where graphs are off), each is timed the same way
+    and judged against the reference. A pass counts against pruning when it took longer while its
+    skipped fraction had stopped rising (early passes settle few rows, and get better quickly); after
+    ``patience`` such passes in a row the dense engine finishes the run (like seed 000's, the
+    decision is final). A dense pass gets cheaper as labels settle (fewer rows to re-search), so a
+    replayed full pass renews the reference every ``refresh_every`` judged passes. Problems too small
+    for the choice to matter (``min_work``) and data the bounds do not serve (d <= 8) stay dense.
     """
 
-    full_passes = 2
+    full_passes = 4
     patience = 3
-    first_refresh = 3
     refresh_every = 16
+    plateau = 0.02  # a rise of the skipped fraction below this is no longer the bounds settling in
     min_work = 1 << 24  # n * k * d below which a whole fit is a few milliseconds of launches
 
     def __init__(self, data: DataView, k: int):
@@ -253,29 +252,31 @@ class _Hybrid:
         self.done = not self.enabled
         self.slow = 0
         self.judged = 0
+        self.skipped = 0.0
         self.dense_seconds: float | None = None
 
     def after(self, stats: IterationStats, engine) -> str | None:
         """Record a pruned pass; returns ``"lloyd"`` when the dense engine should take over."""
         if self.done or stats.kernel != "pruned":
             return None
-        if engine.last_pass == "full-replay":  # timed as the settle passes are: the fair reference
+        if engine.last_pass == "full-replay":  # timed as the settle passes are: the reference
             self.dense_seconds = stats.seconds
             return None
-        if engine.last_pass.startswith("full"):  # eager: device time, a first estimate
-            if engine.last_pass == "full" and engine.full_pass_seconds:
-                self.dense_seconds = engine.full_pass_seconds[-1]
+        if engine.last_pass == "full" and engine.full_pass_seconds and self.dense_seconds is None:
+            self.dense_seconds = engine.full_pass_seconds[-1]  # eager, device time: until a replay
             return None
         if engine.last_pass not in ("replay", "eager") or self.dense_seconds is None:
             return None
         self.judged += 1
-        self.slow = self.slow + 1 if stats.seconds > self.dense_seconds else 0
+        settling = stats.skipped_bound > self.skipped + self.plateau
+        self.skipped = stats.skipped_bound
+        self.slow = self.slow + 1 if stats.seconds > self.dense_seconds and not settling else 0
         if self.slow >= self.patience:
             self.done = True
             logger.info("auto: pruned passes (%.3g ms) cost more than a dense one (%.3g ms); finishing dense",
                         stats.seconds * 1e3, self.dense_seconds * 1e3)
             return "lloyd"
-        if self.judged == self.first_refresh or (self.judged - self.first_refresh) % self.refresh_every == 0:
+        if self.judged % self.refresh_every == 0:
             engine.request_full_pass()
         return None
 
