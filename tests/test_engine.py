@@ -142,3 +142,22 @@ def test_blocks_of_iterations_stop_where_single_iterations_do(monkeypatch, case)
     assert torch.equal(blocks.labels, one.labels)
     torch.testing.assert_close(blocks.centroids, one.centroids, rtol=1e-5, atol=1e-5)
     assert blocks.converged == one.converged
+
+
+def test_fit_launches_kernels_without_the_wrap_triton_dispatch(monkeypatch):
+    """The fit loop is never traced: its kernels skip wrap_triton's higher-order-op dispatch (host
+    time per launch), which stays on everywhere else (torch.compile traces the ops through it)."""
+    wrap_state = pytest.importorskip("torch._library.triton")
+    from torchkm import _loop
+
+    seen = []
+    real = _loop.new_centroids
+
+    def recording(*args, **kwargs):
+        seen.append(wrap_state.is_wrap_triton_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_loop, "new_centroids", recording)
+    torchkm.fit(torch.randn(64, 3), 2, random_state=0, max_iter=2)
+    assert seen and not any(seen)
+    assert wrap_state.is_wrap_triton_enabled()

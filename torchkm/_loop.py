@@ -281,6 +281,7 @@ class _Hybrid:
         return None
 
 
+@_ops.eager_launches
 def lloyd(
     data: DataView,
     centroids: torch.Tensor,
@@ -613,6 +614,7 @@ def _subsample(data: DataView, sample_weight: torch.Tensor | None, size: int, n_
     return DataView(rows, data.dtype, data.offset, data.normalize, data.precision), w
 
 
+@_ops.eager_launches
 def fit(
     x: Any,
     n_clusters: int,

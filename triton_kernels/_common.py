@@ -11,39 +11,18 @@ import triton.language as tl
 UPDATE_NONE, UPDATE_ONEHOT, UPDATE_ATOMIC = 0, 1, 2
 
 
-class _Launcher:
-    """``kernel[grid](...)`` that goes through ``torch.library.wrap_triton`` only while something
-    traces it (torch.compile, or a dispatch mode such as fake or functional tensors decomposing a
-    ``triton_op``). In plain eager code the wrapper would still dispatch every launch through its
-    higher-order op, about 0.5 ms of host time per launch (torch 2.11), several times the launch
-    itself: more than a small Lloyd iteration's whole GPU time."""
-
-    def __init__(self, kernel, wrapped):
-        self.kernel, self.wrapped = kernel, wrapped
-
-    def __getitem__(self, grid):
-        if torch.compiler.is_compiling() or _dispatch_mode_active():
-            return self.wrapped[grid]
-        return self.kernel[grid]
-
-
-def _dispatch_mode_active() -> bool:
-    return torch._C._len_torch_dispatch_stack() > 0
-
-
 def launcher(kernel):
-    """``kernel`` launched so that ``torch.compile`` traces it inside a ``torch.library.triton_op``
-    (through ``torch.library.wrap_triton``), and as a plain Triton launch in eager code."""
-    key = (id(kernel), os.environ.get("TRITON_INTERPRET") == "1")
-    found = _launchers.get(key)
-    if found is None or found[0] is not kernel:
-        wrap = getattr(torch.library, "wrap_triton", None)
-        found = (kernel, kernel if wrap is None or key[1] else _Launcher(kernel, wrap(kernel)))
-        _launchers[key] = found
-    return found[1]
+    """``kernel`` wrapped by ``torch.library.wrap_triton``, so that kernels launched inside a
+    ``torch.library.triton_op`` are traced by ``torch.compile``; a plain launch under the interpreter.
 
-
-_launchers: dict[tuple[int, bool], tuple[object, object]] = {}
+    Outside a ``triton_op``, the wrapper dispatches each launch through a higher-order op (about
+    0.5 ms of host time per launch on torch 2.11) unless the caller disabled that for code nothing
+    traces (``torch._library.triton.set_wrap_triton_enabled(False)``, as the fit loop does).
+    """
+    wrap = getattr(torch.library, "wrap_triton", None)
+    if wrap is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return kernel
+    return wrap(kernel)
 
 
 def onehot_max_k(d: int) -> int:
