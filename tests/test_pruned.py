@@ -168,3 +168,64 @@ def test_sklearn_wrapper_maps_elkan_to_pruned():
     est = SkKMeans(4, algorithm="elkan", random_state=0, device="cpu").fit(x)
     assert est.get_params()["algorithm"] == "elkan"
     np.testing.assert_array_equal(est.labels_, SkKMeans(4, random_state=0, device="cpu").fit(x).labels_)
+
+
+class _FakeBoundsEngine:
+    def __init__(self):
+        self.last_pass, self.full_pass_seconds, self.requests = "", [], 0
+
+    def request_full_pass(self):
+        self.requests += 1
+
+
+def _judge(hybrid, engine, how, seconds, skipped=0.5):
+    from torchkm import _loop
+
+    engine.last_pass = how
+    stats = _loop.IterationStats(1, 0.0, 0.0, 0, 0, seconds, "pruned", skipped, skipped, 0.0)
+    return hybrid.after(stats, engine)
+
+
+def test_hybrid_decision_rules():
+    """The hybrid's bookkeeping alone: which passes are judged, against which reference, and when
+    it hands over (no kernels involved)."""
+    from torchkm import _loop
+    from torchkm._reference import DataView
+
+    data = DataView(torch.zeros(4096, 64), torch.float32)
+    hybrid = _loop._Hybrid(data, 1024)
+    hybrid.done = False  # the CPU engine has no bounds: judge as if it had
+    engine = _FakeBoundsEngine()
+    engine.full_pass_seconds.append(9.0)
+    assert _judge(hybrid, engine, "full", 0.0) is None and hybrid.dense_seconds == 9.0
+    assert _judge(hybrid, engine, "full-capture", 50.0) is None and hybrid.dense_seconds == 9.0
+    assert _judge(hybrid, engine, "full-replay", 1.0) is None and hybrid.dense_seconds == 1.0
+    engine.full_pass_seconds.append(7.0)
+    assert _judge(hybrid, engine, "full", 0.0) is None and hybrid.dense_seconds == 1.0  # replays win
+    for how in ("first", "capture"):  # compiling and capturing: never judged
+        assert _judge(hybrid, engine, how, 100.0) is None and hybrid.judged == 0
+    # Slower, but the skipped fraction still rises: the bounds are settling in, not counted.
+    for skipped in (0.1, 0.3, 0.5, 0.7):
+        assert _judge(hybrid, engine, "replay", 2.0, skipped) is None
+    assert hybrid.slow == 0
+    # Faster passes reset the count; three slower ones on a plateau hand over, for good.
+    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
+    assert _judge(hybrid, engine, "replay", 0.5, 0.7) is None and hybrid.slow == 0
+    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
+    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
+    assert _judge(hybrid, engine, "replay", 2.0, 0.7) == "lloyd" and hybrid.done
+    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
+    assert engine.requests == 0  # fewer than refresh_every judged passes
+
+
+def test_hybrid_renews_its_reference_every_refresh_every_passes():
+    from torchkm import _loop
+    from torchkm._reference import DataView
+
+    hybrid = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024)
+    hybrid.done = False
+    engine = _FakeBoundsEngine()
+    _judge(hybrid, engine, "full-replay", 1.0)
+    for _ in range(2 * hybrid.refresh_every):
+        assert _judge(hybrid, engine, "replay", 0.5) is None
+    assert engine.requests == 2

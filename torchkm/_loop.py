@@ -237,8 +237,9 @@ class _Hybrid:
     skipped fraction had stopped rising (early passes settle few rows, and get better quickly); after
     ``patience`` such passes in a row the dense engine finishes the run (like seed 000's, the
     decision is final). A dense pass gets cheaper as labels settle (fewer rows to re-search), so a
-    replayed full pass renews the reference every ``refresh_every`` judged passes. Problems too small
-    for the choice to matter (``min_work``) and data the bounds do not serve (d <= 8) stay dense.
+    full pass renews the reference every ``refresh_every`` judged passes (an eager one, timed on the
+    device, where graphs are off). Problems too small for the choice to matter (``min_work``) and
+    data the bounds do not serve (d <= 8) stay dense.
     """
 
     full_passes = 4
@@ -254,6 +255,7 @@ class _Hybrid:
         self.judged = 0
         self.skipped = 0.0
         self.dense_seconds: float | None = None
+        self.replayed_reference = False
 
     def after(self, stats: IterationStats, engine) -> str | None:
         """Record a pruned pass; returns ``"lloyd"`` when the dense engine should take over."""
@@ -261,8 +263,9 @@ class _Hybrid:
             return None
         if engine.last_pass == "full-replay":  # timed as the settle passes are: the reference
             self.dense_seconds = stats.seconds
+            self.replayed_reference = True
             return None
-        if engine.last_pass == "full" and engine.full_pass_seconds and self.dense_seconds is None:
+        if engine.last_pass == "full" and engine.full_pass_seconds and not self.replayed_reference:
             self.dense_seconds = engine.full_pass_seconds[-1]  # eager, device time: until a replay
             return None
         if engine.last_pass not in ("replay", "eager") or self.dense_seconds is None:
