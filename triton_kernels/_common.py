@@ -68,10 +68,10 @@ def accumulate_rows(sums_ptr, counts_ptr, labels, w, live, xr, dims, dim_mask, a
         k_rows = tl.arange(0, KP)
         onehot = (labels[:, None] == k_rows[None, :]).to(tl.float32) * w[:, None]
         part = tl.dot(tl.trans(onehot), xr, input_precision="ieee")
-        tl.atomic_add(sums_ptr + k_rows[:, None] * d + dims[None, :], part, mask=(k_rows < k)[:, None] & dim_mask[None, :])
+        tl.atomic_add(sums_ptr + k_rows[:, None] * d + dims[None, :], part, mask=(k_rows < k)[:, None] & dim_mask[None, :], sem="relaxed")
         if add_counts:
-            tl.atomic_add(counts_ptr + k_rows, tl.sum(onehot, axis=0), mask=k_rows < k)
+            tl.atomic_add(counts_ptr + k_rows, tl.sum(onehot, axis=0), mask=k_rows < k, sem="relaxed")
     else:
-        tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], xr * w[:, None], mask=live[:, None] & dim_mask[None, :])
+        tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], xr * w[:, None], mask=live[:, None] & dim_mask[None, :], sem="relaxed")
         if add_counts:
-            tl.atomic_add(counts_ptr + labels, w, mask=live)
+            tl.atomic_add(counts_ptr + labels, w, mask=live, sem="relaxed")

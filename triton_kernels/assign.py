@@ -64,7 +64,7 @@ def _tile(
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
 ):
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_INDEX:
@@ -93,6 +93,10 @@ def _tile(
             second = tl.full((BLOCK_N,), float("inf"), tl.float32)
             label2 = tl.zeros((BLOCK_N,), tl.int32)
             third = tl.full((BLOCK_N,), float("inf"), tl.float32)
+    elif SWAP:
+        # The product transposed: scores (centroids x rows), the row tile as the right operand.
+        best_t = tl.full((BLOCK_K, BLOCK_N), float("inf"), tl.float32)
+        tile_t = tl.zeros((BLOCK_K, BLOCK_N), tl.int32)
     else:
         # Per-column running best score and the k0 of the tile it came from (CHECK needs EAGER).
         best_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
@@ -105,73 +109,92 @@ def _tile(
         else:
             x_once = load_rows(x_ptr, rows, row_mask, dims0, dims0 < d, stride_xn, stride_xd, offset_ptr, scale,
                                 HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+        if SWAP:
+            x_once_t = tl.trans(x_once)
     for k0 in range(0, k, BLOCK_K):
         cols = k0 + tile_cols
         col_mask = cols < k
         # Padded centroids score +inf, so they never win and never count as second best.
         bias = tl.load(bias_ptr + cols, mask=col_mask, other=float("inf"))
-        if RAW_MMA and HAS_SCALE:
-            # Raw rows, unit centroids: the score of row x is ||x|| (bias - 2 x_hat.c), same argmin.
-            acc = bias[None, :] * raw_norm[:, None]
-        else:
-            acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
-        if ONE_CHUNK:
-            # No loop over the features: the centroid tile's load is then pipelined across tiles.
+        if SWAP:
+            # (SWAP implies ONE_CHUNK, a lazy minimum and no second product; see assign_config.)
+            if RAW_MMA and HAS_SCALE:
+                acc_t = bias[:, None] * raw_norm[None, :]
+            else:
+                acc_t = tl.zeros((BLOCK_K, BLOCK_N), tl.float32) + bias[:, None]
             c_offs = cols[:, None].to(tl.int64) * d + dims0[None, :]
             c_mask = col_mask[:, None] & (dims0 < d)[None, :]
-            acc = tl.dot(x_once, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
-                         input_precision=PRECISION)
-            if SPLIT:
-                acc = tl.dot(x_once, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
-                             input_precision=PRECISION)
+            acc_t = tl.dot(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0), x_once_t, acc_t,
+                           input_precision=PRECISION)
+            better = acc_t < best_t
+            best_t = tl.where(better, acc_t, best_t)
+            tile_t = tl.where(better, k0, tile_t)
         else:
-            for d0 in range(0, d, BLOCK_D):
-                dims = d0 + dims0
-                dim_mask = dims < d
-                if RAW_MMA:
-                    x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
-                                     mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
-                else:
-                    x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                        HAS_OFFSET, HAS_SCALE).to(mma_dtype)
-                c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
-                c_mask = col_mask[:, None] & dim_mask[None, :]
-                acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+            if RAW_MMA and HAS_SCALE:
+                # Raw rows, unit centroids: the score of row x is ||x|| (bias - 2 x_hat.c), same argmin.
+                acc = bias[None, :] * raw_norm[:, None]
+            else:
+                acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
+            if ONE_CHUNK:
+                # No loop over the features: the centroid tile's load is then pipelined across tiles.
+                c_offs = cols[:, None].to(tl.int64) * d + dims0[None, :]
+                c_mask = col_mask[:, None] & (dims0 < d)[None, :]
+                acc = tl.dot(x_once, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
                              input_precision=PRECISION)
                 if SPLIT:
-                    acc = tl.dot(x_tile, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                    acc = tl.dot(x_once, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
                                  input_precision=PRECISION)
-        if EAGER:
-            # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
-            m1 = tl.min(acc, axis=1)
-            j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
-            if CHECK:
-                rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
-                m2 = tl.min(rest, axis=1)
-                j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
-                m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
-                # Merge the sorted (best, second, third) with the tile's; running entries come from
-                # lower indices, so they win ties (strict comparisons).
-                tile_first = m1 < best
-                tile_second_a = m2 < best  # when the tile holds the new best
-                tile_second_b = m1 < second  # when it does not
-                third = tl.where(tile_first,
-                                 tl.where(tile_second_a, tl.minimum(best, m3), tl.minimum(second, m2)),
-                                 tl.where(tile_second_b, tl.minimum(second, m2), tl.minimum(third, m1)))
-                label2 = tl.where(tile_first, tl.where(tile_second_a, k0 + j2, label),
-                                  tl.where(tile_second_b, k0 + j1, label2))
-                second = tl.where(tile_first, tl.where(tile_second_a, m2, best),
-                                  tl.where(tile_second_b, m1, second))
-            better = m1 < best
-            best = tl.where(better, m1, best)
-            label = tl.where(better, k0 + j1, label)
-        else:
-            # Strictly better only: an equal score in a later tile keeps the lower index.
-            better = acc < best_t
-            best_t = tl.where(better, acc, best_t)
-            tile_t = tl.where(better, k0, tile_t)
+            else:
+                for d0 in range(0, d, BLOCK_D):
+                    dims = d0 + dims0
+                    dim_mask = dims < d
+                    if RAW_MMA:
+                        x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                         mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                    else:
+                        x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                            HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+                    c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
+                    c_mask = col_mask[:, None] & dim_mask[None, :]
+                    acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                                 input_precision=PRECISION)
+                    if SPLIT:
+                        acc = tl.dot(x_tile, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                                     input_precision=PRECISION)
+            if EAGER:
+                # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
+                m1 = tl.min(acc, axis=1)
+                j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+                if CHECK:
+                    rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
+                    m2 = tl.min(rest, axis=1)
+                    j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+                    m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                    # Merge the sorted (best, second, third) with the tile's; running entries come from
+                    # lower indices, so they win ties (strict comparisons).
+                    tile_first = m1 < best
+                    tile_second_a = m2 < best  # when the tile holds the new best
+                    tile_second_b = m1 < second  # when it does not
+                    third = tl.where(tile_first,
+                                     tl.where(tile_second_a, tl.minimum(best, m3), tl.minimum(second, m2)),
+                                     tl.where(tile_second_b, tl.minimum(second, m2), tl.minimum(third, m1)))
+                    label2 = tl.where(tile_first, tl.where(tile_second_a, k0 + j2, label),
+                                      tl.where(tile_second_b, k0 + j1, label2))
+                    second = tl.where(tile_first, tl.where(tile_second_a, m2, best),
+                                      tl.where(tile_second_b, m1, second))
+                better = m1 < best
+                best = tl.where(better, m1, best)
+                label = tl.where(better, k0 + j1, label)
+            else:
+                # Strictly better only: an equal score in a later tile keeps the lower index.
+                better = acc < best_t
+                best_t = tl.where(better, acc, best_t)
+                tile_t = tl.where(better, k0, tile_t)
 
-    if not EAGER:
+    if SWAP:
+        best = tl.min(best_t, axis=0)
+        label = tl.min(tl.where(best_t == best[None, :], tile_t + tile_cols[:, None], 2147483647), axis=0)
+    elif not EAGER:
         best = tl.min(best_t, axis=1)
         index_t = tile_t + tile_cols[None, :]
         label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
@@ -286,7 +309,7 @@ def _assign_kernel(
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     go = True
@@ -299,7 +322,7 @@ def _assign_kernel(
                          part_inertia_ptr, part_changed_ptr, part_base,
                          n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP)
 
 
 @triton.jit
@@ -313,7 +336,7 @@ def _assign_programs(
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -328,7 +351,7 @@ def _assign_programs(
                          labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                          n, k, d, stride_xn, stride_xd, bound_coef, replica,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP)
             inertia += i
             changed += c
     else:
@@ -337,7 +360,7 @@ def _assign_programs(
                                  labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
                                  n, k, d, stride_xn, stride_xd, bound_coef, replica,
                                  BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT)
+                                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -442,23 +465,23 @@ def _assign_small_d_kernel(
             if UPDATE == 2:
                 label64 = label.to(tl.int64)
                 tl.atomic_add(sums_ptr + label64[:, None] * d + dims[None, :], xr * w[:, None],
-                              mask=row_mask[:, None] & dim_mask[None, :])
-                tl.atomic_add(counts_ptr + label64, w, mask=row_mask)
+                              mask=row_mask[:, None] & dim_mask[None, :], sem="relaxed")
+                tl.atomic_add(counts_ptr + label64, w, mask=row_mask, sem="relaxed")
         tl.store(part_changed_ptr + pid, tl.sum(changed_rows.to(tl.int64), axis=0))
         tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
         if UPDATE == 1 and REG_ACC:
             live = k_cols < k
-            tl.atomic_add(counts_ptr + k_cols, tl.sum(acc_w, axis=0), mask=live)
-            tl.atomic_add(sums_ptr + k_cols * d, tl.sum(acc_0, axis=0), mask=live)
+            tl.atomic_add(counts_ptr + k_cols, tl.sum(acc_w, axis=0), mask=live, sem="relaxed")
+            tl.atomic_add(sums_ptr + k_cols * d, tl.sum(acc_0, axis=0), mask=live, sem="relaxed")
             if DP > 1:
-                tl.atomic_add(sums_ptr + k_cols * d + 1, tl.sum(acc_1, axis=0), mask=live)  # DP > 1: d >= 2
+                tl.atomic_add(sums_ptr + k_cols * d + 1, tl.sum(acc_1, axis=0), mask=live, sem="relaxed")  # DP > 1: d >= 2
             if DP > 2:
-                tl.atomic_add(sums_ptr + k_cols * d + 2, tl.sum(acc_2, axis=0), mask=live)  # DP > 2: d >= 3
-                tl.atomic_add(sums_ptr + k_cols * d + 3, tl.sum(acc_3, axis=0), mask=live & (k_cols * 0 + 3 < d))
+                tl.atomic_add(sums_ptr + k_cols * d + 2, tl.sum(acc_2, axis=0), mask=live, sem="relaxed")  # DP > 2: d >= 3
+                tl.atomic_add(sums_ptr + k_cols * d + 3, tl.sum(acc_3, axis=0), mask=live & (k_cols * 0 + 3 < d), sem="relaxed")
         if UPDATE == 1 and not REG_ACC:
             live = (k_cols < k)[:, None] & (part < 3)[None, :]
-            tl.atomic_add(sums_ptr + k_cols[:, None] * d + feature[None, :], acc, mask=live & (feature < d)[None, :])
-            tl.atomic_add(counts_ptr + k_cols[:, None] + feature[None, :] * 0, acc, mask=live & (feature == d)[None, :])
+            tl.atomic_add(sums_ptr + k_cols[:, None] * d + feature[None, :], acc, mask=live & (feature < d)[None, :], sem="relaxed")
+            tl.atomic_add(counts_ptr + k_cols[:, None] + feature[None, :] * 0, acc, mask=live & (feature == d)[None, :], sem="relaxed")
 
 
 class AssignOutput(NamedTuple):
@@ -621,11 +644,13 @@ class AssignPass:
             cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
             # The exact mode settles rows from the best two candidates, which the per-row search keeps.
             cfg["EAGER"] = bool(cfg.get("EAGER", False) or self.check)
+            # The transposed search keeps a lazy minimum of one product over a resident row tile.
+            cfg["SWAP"] = bool(cfg.get("SWAP", False) and not cfg["EAGER"] and not self.split and cfg["BLOCK_D"] >= d)
             self.cfg = cfg
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
             if self.check:
-                self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3")}
+                self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3"), "SWAP": False}
         # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
         # pruned Lloyd's settle pass), so that one reduction sees both.
         self.extra_base = self.main_grid + self.recheck_grid

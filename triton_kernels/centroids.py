@@ -305,8 +305,8 @@ def _finish_body(
             tl.store(c_old_ptr + offs, old, mask=mask)
             tl.store(c_ptr + offs, new, mask=mask)
             shift += tl.sum((new - old) * (new - old), axis=1)
-    tl.atomic_add(stats_ptr + 1, tl.sum(shift, axis=0).to(tl.float64))
-    tl.atomic_add(stats_ptr + 3, tl.sum((row_mask & (counts <= 0)).to(tl.float64), axis=0))
+    tl.atomic_add(stats_ptr + 1, tl.sum(shift, axis=0).to(tl.float64), sem="relaxed")
+    tl.atomic_add(stats_ptr + 3, tl.sum((row_mask & (counts <= 0)).to(tl.float64), axis=0), sem="relaxed")
     if pid == 0:
         # The pass's per-program partials, summed in a fixed order.
         parts = tl.arange(0, 1024)

@@ -19,29 +19,36 @@ def _data(n, d, k, seed, dtype=torch.float32):
     return x.to(DEVICE), c.to(DEVICE)
 
 
-def _check_labels(x, c, labels, precision):
+def _check_labels(x, c, labels, precision, input_dtype=None):
     """Labels equal the float64 argmin except near-ties: fp32-rounding ties, or for "fast" the
-    documented bound of the fast products."""
+    documented bound of the fast products (of ``input_dtype`` inputs, default ``x.dtype``)."""
     xs, cs = x.double().cpu().numpy(), c.double().cpu().numpy()
     expected = f64_sq_distances(xs, cs).argmin(1)
     if precision == "fast":
         d = f64_sq_distances(xs, cs)
         got = labels.cpu().numpy()
         gap = d[np.arange(len(xs)), got] - d[np.arange(len(xs)), expected]
-        bound = gap_bound_coefficient(x.dtype, x.shape[1]) * np.linalg.norm(xs, axis=1) * np.linalg.norm(cs, axis=1).max()
+        bound = gap_bound_coefficient(input_dtype or x.dtype, x.shape[1]) * np.linalg.norm(xs, axis=1) * np.linalg.norm(cs, axis=1).max()
         assert (gap <= bound + 1e-6).all()
     else:
         assert_labels_match_except_near_ties(xs, cs, labels.cpu().numpy(), expected)
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["lazy", "eager"])
+def _search_config(search: str, d: int) -> dict:
+    """Small tiles; "swap" (the transposed search) needs the whole row in one feature chunk."""
+    if search == "swap":
+        return {**SMALL_TILES, "EAGER": False, "SWAP": True, "BLOCK_D": max(16, 1 << (d - 1).bit_length())}
+    return {**SMALL_TILES, "EAGER": search == "eager"}
+
+
+@pytest.mark.parametrize("search", ["lazy", "eager", "swap"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("d", [1, 3, 17, 129])
 @pytest.mark.parametrize("k", [1, 7, 1000])
-def test_assign_matches_float64_on_odd_shapes(d, k, precision, eager):
+def test_assign_matches_float64_on_odd_shapes(d, k, precision, search):
     n = 97  # not a multiple of any block
     x, c = _data(n, d, k, seed=d * 10_000 + k)
-    out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config={**SMALL_TILES, "EAGER": eager})
+    out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=_search_config(search, d))
     _check_labels(x, c, out.labels, precision)
     direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
@@ -92,14 +99,15 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound():
     torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
 
 
-def test_cosine_rows_are_scaled_as_they_are_read():
+@pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("fast", "lazy"), ("fast", "swap")])
+def test_cosine_rows_are_scaled_as_they_are_read(precision, search):
     n, d, k = 150, 33, 9
     x, c = _data(n, d, k, seed=5)
     c = c / c.norm(dim=1, keepdim=True)
     scale = x.norm(dim=1).reciprocal()
-    out = assign(x, c, precision="exact", row_scale=scale, raw_norms=x.norm(dim=1), config=SMALL_TILES)
+    out = assign(x, c, precision=precision, row_scale=scale, raw_norms=x.norm(dim=1), config=_search_config(search, d))
     unit = x / x.norm(dim=1, keepdim=True)
-    _check_labels(unit, c, out.labels, "exact")
+    _check_labels(unit, c, out.labels, precision)
     torch.testing.assert_close(out.sq_dist, ((unit - c[out.labels]) ** 2).sum(1), rtol=1e-5, atol=1e-5)
 
 
@@ -111,8 +119,8 @@ def test_ties_break_to_the_lowest_index_across_tiles():
     c[2] = c[20] = c[37] = x[0]
     # Two copies only: the exact mode settles this row from its best two, which tie exactly.
     c[5] = c[30] = x[1]
-    for precision in PRECISIONS:
-        out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=SMALL_TILES)
+    for precision, search in [(p, "lazy") for p in PRECISIONS] + [("fast", "swap"), ("ieee", "swap")]:
+        out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=_search_config(search, d))
         assert int(out.labels[0]) == 2
         assert int(out.labels[1]) == 5
         assert torch.equal(out.labels.cpu(), assign_reference(x.cpu(), c.cpu())[0]) or precision == "fast"
@@ -124,7 +132,7 @@ def test_half_precision_inputs(dtype, precision):
     n, d, k = 97, 40, 23
     x, c = _data(n, d, k, seed=11, dtype=dtype)
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1), config=SMALL_TILES)
-    _check_labels(x.float(), c, out.labels, precision if precision == "exact" else "fast")
+    _check_labels(x.float(), c, out.labels, precision, input_dtype=dtype)
 
 
 def test_strided_input_int32_labels_and_errors():
@@ -170,9 +178,28 @@ def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
     counts = torch.zeros(k, device="cuda")
     assign(x, c, precision=precision, raw_norms=x.norm(dim=1), labels=labels, sums=sums, counts=counts, store_sq_dist=False)
     assert int(labels.min()) >= 0
+    rows = torch.randint(0, n, (2_000,), device="cuda", generator=g)
+    _check_labels(x[rows], c, labels[rows], precision)
     ref_counts = torch.bincount(labels, minlength=k).float()
     assert torch.equal(counts, ref_counts), f"{int((counts != ref_counts).sum())} clusters, total {float(counts.sum())} vs {n}"
     torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,d,k", [(245_760, 32, 1024), (50_000, 128, 500), (20_000, 256, 300)])
+def test_half_precision_fast_pass_at_default_configs(dtype, n, d, k):
+    """The default tiles of 2-byte inputs (the transposed search where the row fits one chunk)."""
+    g = torch.Generator(device="cuda").manual_seed(n + d + k)
+    x = torch.randn(n, d, device="cuda", generator=g).to(dtype)
+    c = x[torch.randint(0, n, (k,), device="cuda", generator=g)].float()
+    labels = torch.full((n,), -7, dtype=torch.int64, device="cuda")
+    out = assign(x, c, precision="fast", labels=labels, raw_norms=x.float().norm(dim=1))
+    assert int(labels.min()) >= 0
+    rows = torch.randint(0, n, (2_000,), device="cuda", generator=g)
+    _check_labels(x[rows].float(), c, labels[rows], "fast", input_dtype=dtype)
+    direct = ((x.float() - c[labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist, direct, rtol=1e-5, atol=1e-4)
 
 
 def test_round_to_tf32_is_exact_in_tf32_and_within_half_an_ulp():
