@@ -153,14 +153,15 @@ def check(x: torch.Tensor, c: torch.Tensor) -> dict:
             "counts_rel_err": float(count_err.max())}
 
 
-SWEEP = {  # workload: candidate "BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages,EAGER" (few or no spills under ptxas)
-    "seed000-A": ["128,32,32,8,2,1", "64,32,32,4,2,1", "128,32,32,8,2,0", "64,32,32,4,2,0"],
-    "seed000-B": ["128,128,32,8,2,1", "64,128,32,4,2,1", "128,128,32,8,3,1", "128,128,32,8,2,0", "128,256,32,8,2,1"],
-    "SIFT-like": ["128,128,128,8,2,1", "128,64,128,8,2,1", "64,128,128,4,2,1", "128,128,32,8,4,1", "128,128,64,8,3,1",
-                  "128,128,128,8,2,0", "128,256,128,8,2,1"],
-    "embeddings": ["128,128,32,8,4,1", "128,64,64,8,3,1", "128,128,64,8,3,1", "128,128,32,8,3,1"],
-    "VQ-batch": ["128,128,32,8,4,1", "128,64,64,8,3,1", "128,128,32,8,3,1", "64,64,256,4,2,1", "128,64,256,8,2,1",
-                 "128,128,256,8,2,1", "128,128,64,8,3,1"],
+SWEEP = {  # workload: candidate "BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]" (few or no spills under ptxas)
+    "seed000-A": ["128,32,32,8,2,1", "64,32,32,4,2,1", "128,32,32,8,2,0", "64,32,32,4,2,0", "128,32,32,4,2,0,1"],
+    "seed000-B": ["128,128,32,8,2,1", "128,128,32,8,2,0", "256,64,32,8,2,0,1", "128,64,32,4,2,0,1",
+                  "128,128,32,8,2,0,1", "256,128,32,8,2,0,1"],
+    "SIFT-like": ["128,128,128,8,2,0", "128,64,128,4,3,0", "256,64,128,8,2,0,1", "256,64,128,8,3,0,1",
+                  "128,64,128,4,2,0,1", "128,128,128,8,2,0,1"],
+    "embeddings": [],
+    "VQ-batch": ["128,128,32,8,4,1", "128,64,256,8,2,1", "128,64,256,4,3,0", "256,64,256,8,2,0,1",
+                 "128,64,256,4,2,0,1"],
 }
 
 
@@ -216,6 +217,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="workload names to run")
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--sweep", action="store_true", help="time the assignment pass over a set of tile configs instead")
+    parser.add_argument("--sweep-precisions", nargs="*", default=["fast", "exact"])
     parser.add_argument("--profile", action="store_true", help="also print each kernel's GPU ms per iteration")
     parser.add_argument("--no-flash", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
@@ -243,7 +245,7 @@ def main() -> None:
             x = x32 if dtype == torch.float32 else x32.to(dtype)
             row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name}
             if args.sweep:
-                for precision in ("fast", "exact"):
+                for precision in args.sweep_precisions:
                     base, res = sweep(name, x, c0, precision)
                     print(name, dtype_name, precision, "default", base, flush=True)
                     for cfg, t in res.items():
