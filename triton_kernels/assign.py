@@ -8,7 +8,12 @@ arithmetic. Two ways to keep the running minimum (config ``EAGER``): lazily *per
 tile*, reduced across columns only once after the last centroid tile (three element-wise
 operations per tile, no cross-thread reductions, but three tile-sized register arrays); or
 eagerly per row after every tile (reductions per tile, few registers, so larger tiles fit). Ties
-go to the lowest index, as in numpy, faiss and scikit-learn.
+go to the lowest index, as in numpy, faiss and scikit-learn. With ``SWAP`` (the fast pass, the row
+in one chunk) the product is transposed: scores (centroids x rows) with the resident row tile as
+the shared-memory operand, so a 256-row tile fits beside the centroid stages and each centroid
+tile read serves twice as many rows; the lazy minimum is then per row *and* centroid slot.
+Sums and counts are added with relaxed atomics (fire-and-forget reductions; the next launch
+orders them).
 
 After the search the program reads its rows again (from cache) and computes, per row:
 ``||x - c_label||^2`` directly in fp32 (accurate even when the expansion cancels), the inertia and
