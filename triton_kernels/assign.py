@@ -102,6 +102,9 @@ def _tile(
         # The product transposed: scores (centroids x rows), the row tile as the right operand.
         best_t = tl.full((BLOCK_K, BLOCK_N), float("inf"), tl.float32)
         tile_t = tl.zeros((BLOCK_K, BLOCK_N), tl.int32)
+        if CHECK:
+            # Per slot also the second-lowest score over the tiles (its index is not kept).
+            second_t = tl.full((BLOCK_K, BLOCK_N), float("inf"), tl.float32)
     else:
         # Per-column running best score and the k0 of the tile it came from (CHECK needs EAGER).
         best_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
@@ -122,7 +125,7 @@ def _tile(
         # Padded centroids score +inf, so they never win and never count as second best.
         bias = tl.load(bias_ptr + cols, mask=col_mask, other=float("inf"))
         if SWAP:
-            # (SWAP implies ONE_CHUNK, a lazy minimum and no second product; see assign_config.)
+            # (SWAP implies ONE_CHUNK, a lazy minimum and one product; see AssignPass.)
             if RAW_MMA and HAS_SCALE:
                 acc_t = bias[:, None] * raw_norm[None, :]
             else:
@@ -132,6 +135,8 @@ def _tile(
             acc_t = tl.dot(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0), x_once_t, acc_t,
                            input_precision=PRECISION)
             better = acc_t < best_t
+            if CHECK:
+                second_t = tl.where(better, best_t, tl.minimum(second_t, acc_t))
             best_t = tl.where(better, acc_t, best_t)
             tile_t = tl.where(better, k0, tile_t)
         else:
@@ -198,7 +203,20 @@ def _tile(
 
     if SWAP:
         best = tl.min(best_t, axis=0)
-        label = tl.min(tl.where(best_t == best[None, :], tile_t + tile_cols[:, None], 2147483647), axis=0)
+        index_t = tile_t + tile_cols[:, None]
+        label = tl.min(tl.where(best_t == best[None, :], index_t, 2147483647), axis=0)
+        if CHECK:
+            # The runner-up among the other slots has a known index (label2). A third candidate is
+            # the lowest of everything else: the slot-mates of both (second_t) and the other
+            # slots' best. A runner-up that shares the winner's slot has no index, so it counts as
+            # a third and the row is re-searched (rare: 1 in BLOCK_K of the close pairs).
+            at_best = index_t == label[None, :]
+            others = tl.where(at_best, float("inf"), best_t)
+            second = tl.min(others, axis=0)
+            label2 = tl.min(tl.where(others == second[None, :], index_t, 2147483647), axis=0)
+            at_second = index_t == label2[None, :]
+            third = tl.min(tl.where(at_best | at_second, second_t, best_t), axis=0)
+            second = tl.minimum(second, tl.min(tl.where(at_best, second_t, float("inf")), axis=0))
     elif not EAGER:
         best = tl.min(best_t, axis=1)
         index_t = tile_t + tile_cols[None, :]
@@ -648,9 +666,11 @@ class AssignPass:
         else:
             cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
             # The exact mode settles rows from the best two candidates, which the per-row search keeps.
-            cfg["EAGER"] = bool(cfg.get("EAGER", False) or self.check)
-            # The transposed search keeps a lazy minimum of one product over a resident row tile.
-            cfg["SWAP"] = bool(cfg.get("SWAP", False) and not cfg["EAGER"] and not self.split and cfg["BLOCK_D"] >= d)
+            # The transposed search keeps a lazy minimum over a resident row tile (the whole row in
+            # one chunk) of one product (no hi/lo centroids: measured slower for bf16, see
+            # configs.py); otherwise the exact mode keeps its best two per row eagerly.
+            cfg["SWAP"] = bool(cfg.get("SWAP", False) and cfg["BLOCK_D"] >= d and not self.split)
+            cfg["EAGER"] = bool((cfg.get("EAGER", False) or self.check) and not cfg["SWAP"])
             self.cfg = cfg
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0

@@ -28,7 +28,7 @@ def _config(bn: int, bk: int, bd: int, warps: int, stages: int, eager: bool, *, 
             "SWAP": swap}
 
 
-def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str) -> dict:
+def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *, transposed: bool = True) -> dict:
     """Tile sizes for the fused assignment kernel (``EAGER``: reduce each centroid tile per row at once;
     ``SWAP``: scores as (centroids x rows), the resident row tile as the right operand).
 
@@ -54,7 +54,13 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str) ->
     # resident row tile is the shared-memory operand, so that a row tile of 256 fits beside the
     # centroid stages (fewer centroid reads per score). H100 sweep of 2026-11-21: 1M x 128, k = 4096
     # fast pass 5.20 -> 4.27 ms (fp32), 2.69 -> 2.35 (bf16).
-    swap = precision == "fast" and k > 64 and d_pad <= one_chunk
+    # The exact mode's transposed search also keeps each slot's second-lowest score (four tile-sized
+    # arrays), so it takes 128 rows: 1M x 128, k = 4096 fp32 went 8.31 -> 6.65 ms. Only where
+    # measured: for bf16 (two products, hi and lo centroids) it was slower (6.75 -> 9.39 ms), and
+    # rows of d <= 64 were not timed. ``transposed=False`` keeps the row-oriented search.
+    swap = transposed and precision == "fast" and k > 64 and d_pad <= one_chunk
+    if transposed and exact and operand_bytes == 4 and k > 64 and d_pad == 128:
+        return _config(128, 64, d_pad, 8, 3, False, swap=True)
     if operand_bytes == 4:
         if swap:
             return _config(256, 64, d_pad, 8, 3, False, swap=True) if d_pad >= 128 else \

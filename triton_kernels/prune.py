@@ -49,6 +49,7 @@ from ._common import (
 )
 from .assign import SMALL_D, AssignPass
 from .centroids import finish_update
+from .configs import assign_config
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -459,7 +460,10 @@ class BoundsEngine:
         self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
         self.settle_block = 128
         self.settle_grid = triton.cdiv(n, self.settle_block)
-        self.assign_pass = AssignPass(x, k, "exact", update=True, extra_partials=self.settle_grid)
+        # The row-oriented search: the transposed one was not measured (nor run on a GPU) with the
+        # lower bounds and row lists of this engine.
+        self.assign_pass = AssignPass(x, k, "exact", update=True, extra_partials=self.settle_grid,
+                                      config=assign_config(n, k, d, x.dtype, "exact", transposed=False))
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)

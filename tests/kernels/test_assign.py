@@ -56,9 +56,10 @@ def test_assign_matches_float64_on_odd_shapes(d, k, precision, search):
     assert int(out.changed) == n
 
 
+@pytest.mark.parametrize("search", ["lazy", "swap"])
 @pytest.mark.parametrize("k", [5, 100])  # pre-reduced update over replicas, and per-row atomics
 @pytest.mark.parametrize("d", [3, 19])  # the small-d kernel, and the tensor-core kernel
-def test_fused_update_matches_reference(k, d):
+def test_fused_update_matches_reference(k, d, search):
     n = 300
     x, c = _data(n, d, k, seed=k)
     w = torch.rand(n, device=DEVICE)
@@ -67,7 +68,7 @@ def test_fused_update_matches_reference(k, d):
     sums = torch.zeros(k, d, device=DEVICE)
     counts = torch.zeros(k, device=DEVICE)
     out = assign(x, c, precision="exact", offset=offset, raw_norms=x.norm(dim=1), sample_weight=w,
-                 prev_labels=prev, sums=sums, counts=counts, config=SMALL_TILES)
+                 prev_labels=prev, sums=sums, counts=counts, config=_search_config(search, d))
     _check_labels(x - offset, c, out.labels, "exact")
     ref_sums, ref_counts = update_reference(x, out.labels, k, sample_weight=w, offset=offset)
     torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
@@ -77,18 +78,22 @@ def test_fused_update_matches_reference(k, d):
     torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
 
 
-def test_exact_mode_rechecks_the_rows_inside_the_bound():
+@pytest.mark.parametrize("search", ["eager", "swap"])
+def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     """Rows with a third candidate inside the bound are re-searched; rows with two are settled in the
-    pass (and still get the float64 labels); the others are neither."""
+    pass (and still get the float64 labels); the others are neither. The transposed search also
+    re-searches a row whose best two share a centroid slot (it keeps no index for the second)."""
     n, d, k = 512, 12, 64  # d > 8: the tensor-core kernel (small d computes exact differences)
     x, c = _data(n, d, k, seed=3)
     sums = torch.zeros(k, d, device=DEVICE)
     counts = torch.zeros(k, device=DEVICE)
-    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts, config=SMALL_TILES)
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts,
+                 config=_search_config(search, d))
     _, top3 = assign_reference(x.cpu(), c.cpu())
     bound = gap_bound_coefficient(torch.float32, d) * x.norm(dim=1).cpu().double() * c.norm(dim=1).max().cpu().double()
     third_gap = top3[:, 2] - top3[:, 0]
-    assert int((third_gap <= 0.99 * bound).sum()) <= int(out.rechecked) <= int((third_gap <= 1.01 * bound).sum())
+    most = third_gap if search == "eager" else top3[:, 1] - top3[:, 0]
+    assert int((third_gap <= 0.99 * bound).sum()) <= int(out.rechecked) <= int((most <= 1.01 * bound).sum())
     assert int(out.rechecked) > 0
     settled = (top3[:, 1] - top3[:, 0] <= 0.99 * bound) & (third_gap > 1.01 * bound)
     assert int(settled.sum()) > 0
@@ -99,7 +104,24 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound():
     torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("fast", "lazy"), ("fast", "swap")])
+def test_transposed_exact_search_re_searches_a_runner_up_in_the_winners_slot():
+    """The best two of row 0 sit in the same centroid slot (indices 1 and 1 + BLOCK_K), closer than the
+    rounding bound: the transposed search keeps no index for the second, so the row is re-searched
+    and still gets the float64 label; the same pair in different slots is settled in the pass."""
+    d, k = 12, 48
+    x, c = _data(1, d, k, seed=21)
+    c = c * 10  # every other centroid far away
+    for first, runner_up in [(1, 17), (1, 18)]:  # slot 1 twice (BLOCK_K = 16), then slots 1 and 2
+        cc = c.clone()
+        cc[runner_up] = x[0] + 0.010 * torch.eye(d, device=DEVICE)[0]
+        cc[first] = x[0] + 0.008 * torch.eye(d, device=DEVICE)[1]
+        out = assign(x, cc, precision="exact", raw_norms=x.norm(dim=1), config=_search_config("swap", d))
+        assert int(out.labels[0]) == first
+        assert torch.equal(out.labels.cpu(), assign_reference(x.cpu(), cc.cpu())[0])
+        assert int(out.rechecked) == (1 if runner_up == 17 else 0)
+
+
+@pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("exact", "swap"), ("fast", "lazy"), ("fast", "swap")])
 def test_cosine_rows_are_scaled_as_they_are_read(precision, search):
     n, d, k = 150, 33, 9
     x, c = _data(n, d, k, seed=5)
@@ -119,7 +141,7 @@ def test_ties_break_to_the_lowest_index_across_tiles():
     c[2] = c[20] = c[37] = x[0]
     # Two copies only: the exact mode settles this row from its best two, which tie exactly.
     c[5] = c[30] = x[1]
-    for precision, search in [(p, "lazy") for p in PRECISIONS] + [("fast", "swap"), ("ieee", "swap")]:
+    for precision, search in [(p, "lazy") for p in PRECISIONS] + [(p, "swap") for p in PRECISIONS]:
         out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), config=_search_config(search, d))
         assert int(out.labels[0]) == 2
         assert int(out.labels[1]) == 5
