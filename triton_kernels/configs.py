@@ -1,6 +1,6 @@
 """Launch configurations of the kernels: one table, chosen from the problem's shape and dtype.
 
-The table was set from sweeps on an H200 (benchmarks/bench_lloyd.py --sweep); ``TORCHKM_ASSIGN_CONFIG``
+The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py --sweep); ``TORCHKM_ASSIGN_CONFIG``
 (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]``) overrides it for experiments.
 """
 
@@ -34,8 +34,10 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
 
     A row tile is loaded once for all centroid tiles when the padded row fits one chunk (d <= 128
     for 4-byte operands, 256 for 2-byte ones); otherwise the features are streamed in chunks. The
-    exact mode always reduces eagerly (it keeps the best two candidates with their indices). From the
-    H200 sweep of 2026-11-21 (only configs without register spills under ptxas were tried).
+    exact mode reduces eagerly (it keeps the best two candidates with their indices), except in the
+    transposed search. From the H200 sweep of 2026-11-21 (only configs without register spills
+    under ptxas were tried), and for the transposed search the H100 sweeps of the same day (which
+    spill a few hundred bytes and are faster anyway). ``transposed=False``: never the transposed search.
     """
     override = _override(precision)
     if override is not None:
