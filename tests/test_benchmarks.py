@@ -37,3 +37,26 @@ def test_bench_prune_report_prints_both_tables(capsys) -> None:
     bench_prune.report(rows, ["lloyd", "pruned"])
     out = capsys.readouterr().out
     assert "SIFT" in out and "Table I" in out and "75.0" in out
+
+
+def test_diag_search_kernels_find_the_nearest_centroid() -> None:
+    """scripts/diag_search.py's stand-alone kernels (whose times BENCHMARKS.md quotes) agree with
+    torch, in every orientation and epilogue but the index-free one."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import diag_search
+
+    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    g = torch.Generator().manual_seed(0)
+    x, c = torch.randn(150, 16, generator=g).to(device), torch.randn(90, 16, generator=g).to(device)
+    c_mma, bias = diag_search.operands(c, torch.float32)
+    sq = torch.cdist(x.double(), c.double()) ** 2
+    best = sq.min(1).values
+    for swap, epi in [(False, "lazy"), (False, "eager"), (True, "lazy")]:
+        labels = diag_search.search(x, c_mma, bias, bn=64, bk=32, swap=swap, epi=epi, warps=4).long()
+        # Exact under the interpreter; on a GPU the products are tf32, so near-ties may go either way.
+        gap = sq.gather(1, labels[:, None])[:, 0] - best
+        assert (gap <= (0.0 if device == "cpu" else 0.1)).all(), (swap, epi)
