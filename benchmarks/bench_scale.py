@@ -7,10 +7,10 @@ Three parts, run by ``benchmarks/bench_scale.sh``:
   data set on its GPU (chunk ``c`` of the data set comes from seed ``c``, so the shards of any G
   concatenate to the same rows), then times ``torchkm.fit(..., distributed=True)`` from the same
   initial centroids: in GPU memory (fp32 and bf16 rows) and streamed from a pinned host copy of
-  the shard (fp32, and k = 1,024 where compute is smaller than the copy). It checks the result
-  first: identical centroids on every rank, labels equal to an exact assignment, and the distance
-  to the one-GPU run's centroids. One GPU also measures the floors (tf32/bf16 GEMM rate, copy
-  rates) and a plain torch iteration.
+  the shard (fp32 rows by default, bf16 with ``--stream-dtypes``; k = 16,384, and k = 1,024 where
+  compute is smaller than the copy). It checks the result first: identical centroids on every
+  rank, labels equal to an exact assignment, and the distance to the one-GPU run's centroids. One
+  GPU also measures the floors (tf32/bf16 GEMM rate, copy rates) and a plain torch iteration.
 - ``--part flash``: flash-kmeans' ``kmeans_largeN`` (rows in pinned host memory, streamed to every
   visible GPU each iteration) on the same rows and initial centroids.
 - ``--part report``: one table from the JSON lines of the other parts.
@@ -218,25 +218,27 @@ def part_torchkm(args) -> None:
             del x, fit
             torch.cuda.empty_cache()
     if args.stream:
-        host = build(n, d, args.k_true, rank, world, device, torch.float32, pinned_host=True)
-        for k in args.stream_k:
-            c0 = initial_centroids(k, d, args.k_true, device)
-            if distributed:
-                dist.barrier()
-            copy_s = _copy_seconds(host, device)  # every rank at once, as the fit's passes run
-            warm_up(host[: 2 * CHUNK], k, c0, device=device, streaming=True)
-            fit = torchkm.fit(host, k, init=c0, max_iter=iters, tol=0, distributed=distributed, device=device,
-                              streaming=True, precision=args.precision)
-            copy_max = torch.tensor([copy_s], device=device)
-            if distributed:
-                dist.all_reduce(copy_max, op=dist.ReduceOp.MAX)
-            row = {"kind": "torchkm", "precision": args.precision, "mode": "streamed", "gpus": world, "n": n, "d": d, "k": k, "dtype": "fp32",
-                   "ms_per_iter": 1e3 * per_iteration(fit.history), "iters": fit.n_iter,
-                   "copy_ms": 1e3 * float(copy_max[0]), **check(f"streamed_fp32_{k}", fit, host, k)}
-            if rank == 0:
-                _emit(out / "rows.jsonl", row)
-            del fit
-        del host
+        for dtype_name in args.stream_dtypes:
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+            host = build(n, d, args.k_true, rank, world, device, dtype, pinned_host=True)
+            for k in args.stream_k:
+                c0 = initial_centroids(k, d, args.k_true, device)
+                if distributed:
+                    dist.barrier()
+                copy_s = _copy_seconds(host, device)  # every rank at once, as the fit's passes run
+                warm_up(host[: 2 * CHUNK], k, c0, device=device, streaming=True)
+                fit = torchkm.fit(host, k, init=c0, max_iter=iters, tol=0, distributed=distributed, device=device,
+                                  streaming=True, precision=args.precision)
+                copy_max = torch.tensor([copy_s], device=device)
+                if distributed:
+                    dist.all_reduce(copy_max, op=dist.ReduceOp.MAX)
+                row = {"kind": "torchkm", "precision": args.precision, "mode": "streamed", "gpus": world, "n": n, "d": d,
+                       "k": k, "dtype": dtype_name, "ms_per_iter": 1e3 * per_iteration(fit.history), "iters": fit.n_iter,
+                       "copy_ms": 1e3 * float(copy_max[0]), **check(f"streamed_{dtype_name}_{k}", fit, host, k)}
+                if rank == 0:
+                    _emit(out / "rows.jsonl", row)
+                del fit
+            del host
     if distributed:
         dist.destroy_process_group()
 
@@ -310,11 +312,13 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--k", type=int, nargs="+", default=[16384])
     p.add_argument("--k-true", type=int, default=16384, help="centres of the generated blobs")
-    p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
+    p.add_argument("--dtypes", nargs="*", default=["fp32", "bf16"], help="in-memory runs (none: streamed only)")
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--precision", default="exact", choices=["exact", "fast"], help="torchkm's precision")
     p.add_argument("--stream", action="store_true", help="also time streamed fits")
     p.add_argument("--stream-k", type=int, nargs="+", default=[16384, 1024])
+    p.add_argument("--stream-dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"],
+                   help="dtype of the pinned host rows that streamed fits read")
     p.add_argument("--flash-k", type=int, nargs="+", default=[16384])
     p.add_argument("--flash-dtypes", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--skip-floors", action="store_true")
