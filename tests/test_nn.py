@@ -59,6 +59,39 @@ def test_gradient_passes_straight_through():
     torch.testing.assert_close(x.grad, 2 * vq.commitment_weight * (x - quantized).detach() / x.numel())
 
 
+@pytest.mark.parametrize("engine", ["torch", "kernels"])
+@pytest.mark.parametrize("case", ["ema", "learned", "cosine", "eval", "bfloat16", "empty"])
+def test_fused_output_and_commitment_equal_the_plain_formulas(case, engine, request):
+    """The layer's one-pass straight-through output and commitment loss against ``x + (q - x).detach()``
+    and ``mse_loss``: values, and the gradient of a loss using both."""
+    if engine == "kernels":
+        request.getfixturevalue("kernels")
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    vq = VectorQuantizer(7, 5, kmeans_init=False, learnable_codebook=case == "learned",
+                         metric="cosine" if case == "cosine" else "euclidean", dead_code_threshold=0.0)
+    vq.train(case != "eval")
+    x = torch.randn(0 if case == "empty" else 37, 5, generator=g).to(dtype).requires_grad_(True)
+    codebook_before = vq.codebook.detach().clone()
+    (quantized, indices, _), losses = vq(x, return_loss_breakdown=True)
+    upstream = torch.randn(x.shape, generator=g).to(dtype)
+    (quantized.float() * upstream.float()).sum().add(losses.commitment * 3.0).backward()
+    got_grad = x.grad.clone()
+
+    x.grad = None
+    flat = torch.nn.functional.normalize(x, dim=1) if case == "cosine" else x
+    codes = torch.nn.functional.embedding(indices, codebook_before)
+    ref_quantized = flat + (codes.to(dtype) - flat).detach()
+    ref_commitment = torch.nn.functional.mse_loss(flat.float(), codes) if x.shape[0] else flat.float().sum()
+    (ref_quantized.float() * upstream.float()).sum().add(ref_commitment * 3.0).backward()
+    assert quantized.dtype == dtype and losses.commitment.dtype == torch.float32
+    tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(quantized, codes.to(dtype), atol=0, rtol=0)  # the codes themselves
+    torch.testing.assert_close(quantized, ref_quantized.detach(), **tol)
+    torch.testing.assert_close(losses.commitment, ref_commitment.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_grad, x.grad, **tol)
+
+
 def test_ema_step_matches_hand_computation():
     torch.manual_seed(0)
     vq = VectorQuantizer(6, 3, kmeans_init=False, decay=0.9, eps=1e-5)
