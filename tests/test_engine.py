@@ -161,3 +161,34 @@ def test_fit_launches_kernels_without_the_wrap_triton_dispatch(monkeypatch):
     torchkm.fit(torch.randn(64, 3), 2, random_state=0, max_iter=2)
     assert seen and not any(seen)
     assert wrap_state.is_wrap_triton_enabled()
+
+
+def test_eager_entry_points_launch_without_the_wrap_triton_dispatch(monkeypatch):
+    """``KMeans.partial_fit``, ``torchkm.update`` and ``torchkm.transform`` call the kernels outside
+    any ``triton_op``: they too launch directly (an online step in a training loop would otherwise
+    pay the dispatch's host time on every launch)."""
+    wrap_state = pytest.importorskip("torch._library.triton")
+    from torchkm import _ops
+
+    seen = {}
+
+    def recording(name):
+        real = getattr(_ops, name)
+
+        def wrapper(*args, **kwargs):
+            seen.setdefault(name, []).append(wrap_state.is_wrap_triton_enabled())
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(_ops, name, wrapper)
+
+    recording("update")
+    recording("sq_distances_to")
+    x = torch.randn(64, 3)
+    km = torchkm.KMeans(4, random_state=0)
+    km.partial_fit(x)
+    km.partial_fit(x)
+    torchkm.update(x, km.predict(x), km.centroids)
+    torchkm.transform(x, km.centroids)
+    assert len(seen["update"]) == 3 and seen["sq_distances_to"]  # k-means++ of the first batch too
+    assert not any(seen["update"] + seen["sq_distances_to"])
+    assert wrap_state.is_wrap_triton_enabled()

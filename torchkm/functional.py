@@ -62,6 +62,7 @@ def assign(
     return _ops.query_assign(x, c, metric, precision)
 
 
+@_ops.eager_launches
 def transform(x: Any, centroids: Any, *, metric: str = "euclidean") -> torch.Tensor:
     """(n_samples, n_clusters) distances of every row to every centroid.
 
@@ -74,6 +75,7 @@ def transform(x: Any, centroids: Any, *, metric: str = "euclidean") -> torch.Ten
     return sq * 0.5 if metric == "cosine" else sq.sqrt_()
 
 
+@_ops.eager_launches
 def update(
     x: Any, labels: torch.Tensor, centroids: Any, *, sample_weight: Any = None, metric: str = "euclidean"
 ) -> torch.Tensor:

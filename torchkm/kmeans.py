@@ -228,6 +228,7 @@ class KMeans(nn.Module):
         return self
 
     @torch.no_grad()
+    @_ops.eager_launches
     def partial_fit(self, x: Any, sample_weight: Any = None) -> KMeans:
         """Update the centroids with one mini-batch ``x`` (online k-means); returns self.
 
