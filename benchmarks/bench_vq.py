@@ -10,6 +10,10 @@ checked against a float64 argmin over the codebook it used (exact mode: equal ex
 the fraction that differs is printed), and its EMA statistics against torch's one-hot sums; only then is
 anything timed (CUDA events via triton.testing.do_bench, median).
 
+A library name ending in ``-compiled`` (``torchkm-fast-compiled``) times ``torch.compile(layer,
+fullgraph=True)`` of that layer (Inductor, no CUDA graphs), ``-cudagraphs`` the same with
+``mode="reduce-overhead"``; their checks run the eager layer.
+
 Peers: vector-quantize-pytorch ``VectorQuantize(dim, codebook_size)`` with its defaults (decay 0.8, rotation
 trick gradients, as users run it; carry its wheel and those of einops, einx, frozendict, loguru and
 torch-einops-utils), and ``torch-dense``: a straightforward torch layer (one n x k matmul, argmin,
@@ -152,6 +156,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--libraries", nargs="*", default=["torchkm-exact", "torchkm-fast", "torch-dense", "vector-quantize-pytorch"])
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    parser.add_argument("--codes", type=int, nargs="*", default=[k for _, _, k in WORKLOADS],
+                        help="codebook sizes to run (of 8192 and 65536)")
     parser.add_argument("--profile", action="store_true", help="profile the torchkm layer instead of the comparison")
     args = parser.parse_args()
     if args.profile:
@@ -177,6 +183,8 @@ def main() -> None:
     rows = []
     print(f"{'n x dim, codes':<22}{'dtype':<10}{'library':<26}{'ms/step':>9}{'x floor':>9}{'vqp/this':>9}  check")
     for n, dim, k in WORKLOADS:
+        if k not in args.codes:
+            continue
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
             rate = rates["bf16_TFLOPs" if dtype == torch.bfloat16 else "tf32_TFLOPs"]
@@ -185,11 +193,23 @@ def main() -> None:
             codebook = torch.randn(k, dim, device="cuda")
             group = []
             for library in args.libraries:
-                checked = check(library, x, codebook, dtype)
-                layer = make_layer(library, codebook)
+                base = library.removesuffix("-compiled").removesuffix("-cudagraphs")
+                checked = check(base, x, codebook, dtype)
+                layer = make_layer(base, codebook)
+                if library != base:
+                    # What a user gets from torch.compile(layer): Inductor fuses the elementwise work
+                    # around the kernels and launches them without the op's Python; "-cudagraphs"
+                    # also replays the step's launches as CUDA graphs (mode="reduce-overhead").
+                    mode = "reduce-overhead" if library.endswith("-cudagraphs") else None
+                    layer = torch.compile(layer, fullgraph=True, mode=mode)
                 try:
                     t = ms(step_fn(layer, x, dtype))
                 except torch.OutOfMemoryError:
+                    t = float("nan")
+                except Exception as error:  # a compiled variant that does not run is reported, not fatal
+                    if library == base:
+                        raise
+                    print(f"{library} {dtype_name}: {type(error).__name__}: {str(error)[:300]}")
                     t = float("nan")
                 del layer
                 torch.cuda.empty_cache()

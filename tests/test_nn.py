@@ -64,17 +64,20 @@ def test_gradient_passes_straight_through():
 def test_fused_output_and_commitment_equal_the_plain_formulas(case, engine, request):
     """The layer's one-pass straight-through output and commitment loss against ``x + (q - x).detach()``
     and ``mse_loss``: values, and the gradient of a loss using both."""
+    device = "cpu"
     if engine == "kernels":
-        request.getfixturevalue("kernels")
+        request.getfixturevalue("kernels")  # CPU tensors through the interpreter; on a GPU, CUDA tensors
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator().manual_seed(3)
     dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
     vq = VectorQuantizer(7, 5, kmeans_init=False, learnable_codebook=case == "learned",
                          metric="cosine" if case == "cosine" else "euclidean", dead_code_threshold=0.0)
     vq.train(case != "eval")
-    x = torch.randn(0 if case == "empty" else 37, 5, generator=g).to(dtype).requires_grad_(True)
+    vq.to(device)
+    x = torch.randn(0 if case == "empty" else 37, 5, generator=g).to(device, dtype).requires_grad_(True)
     codebook_before = vq.codebook.detach().clone()
     (quantized, indices, _), losses = vq(x, return_loss_breakdown=True)
-    upstream = torch.randn(x.shape, generator=g).to(dtype)
+    upstream = torch.randn(x.shape, generator=g).to(device, dtype)
     (quantized.float() * upstream.float()).sum().add(losses.commitment * 3.0).backward()
     got_grad = x.grad.clone()
 
