@@ -126,6 +126,46 @@ def test_cuda_assign_compiles_without_graph_breaks(x_cpu):
     torch.testing.assert_close(dist[same], eager[1][same])
 
 
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_cuda_compiled_tensor_core_pass_with_deferred_rows(precision):
+    """torch.compile(fullgraph=True) of ``torchkm.assign`` and of a VQ training step at d > 8: the
+    tensor-core pass, the exact mode's deferred-row list and its re-search, under Inductor's
+    functionalisation. Rows halfway between two codes force re-searches. (A pointer argument passed
+    twice to one launch once let a clone undo the pass's writes: an illegal memory access.)"""
+    from torchkm.nn import VectorQuantizer
+
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 31)))
+    k, d = 512, 64
+    vq = VectorQuantizer(k, d, kmeans_init=False, precision=precision).cuda()
+    codebook = vq.codebook.detach().clone()
+    x = torch.randn(6000, d, device="cuda", generator=g)
+    x[:512] = (codebook[0::2][:256].repeat(2, 1) + codebook[1::2][:256].repeat(2, 1)) / 2
+    ref = f64_sq_distances(x.cpu().numpy(), codebook.cpu().numpy()).argmin(1)
+
+    labels, dist = torch.compile(lambda a, b: torchkm.assign(a, b, precision=precision), fullgraph=True)(x, codebook)
+    torch.cuda.synchronize()
+    if precision == "exact":
+        assert_labels_match_except_near_ties(x.cpu().numpy(), codebook.cpu().numpy(), labels.cpu().numpy(), ref)
+    else:
+        assert (labels.cpu().numpy() == ref).mean() > 0.9
+    assert int(labels.min()) >= 0 and int(labels.max()) < k and torch.isfinite(dist).all()
+
+    step = torch.compile(vq, fullgraph=True)
+    for i in range(3):
+        rows = x.clone().requires_grad_(True)
+        before = vq.codebook.detach().clone()
+        out = step(rows)
+        (out.quantized.sum() + out.loss).backward()
+        torch.cuda.synchronize()
+        assert int(out.indices.min()) >= 0 and int(out.indices.max()) < k
+        assert torch.equal(out.quantized.detach(), before[out.indices])
+        assert torch.isfinite(rows.grad).all() and torch.isfinite(vq.codebook).all()
+        if i == 0 and precision == "exact":
+            assert_labels_match_except_near_ties(x.cpu().numpy(), codebook.cpu().numpy(),
+                                                 out.indices.cpu().numpy(), ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_cuda_input_dtypes(x_cpu, dtype):
     x = x_cpu.cuda().to(dtype)

@@ -25,6 +25,18 @@ def launcher(kernel):
     return wrap(kernel)
 
 
+def unused(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor for one pointer argument that a launch does not use.
+
+    Every such argument gets its own, and no tensor is passed for two arguments of one launch: under
+    ``torch.compile``, Inductor functionalises a launch by cloning each argument the kernel may
+    write, and two arguments sharing a tensor get two clones, copied back one after the other, so
+    the untouched one can undo the kernel's writes (labels, deferred-row lists) before a later
+    kernel reads them.
+    """
+    return torch.empty(1, dtype=dtype, device=device)
+
+
 def onehot_max_k(d: int) -> int:
     """Largest k for which a tile's rows are pre-reduced through a one-hot product before the atomics.
 

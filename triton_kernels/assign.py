@@ -51,6 +51,7 @@ from ._common import (
     load_rows,
     onehot_max_k,
     onehot_width,
+    unused,
 )
 from .centroids import _round_tf32, prepare_centroids
 from .configs import assign_config, num_persistent_programs, small_d_launch
@@ -681,6 +682,7 @@ class AssignPass:
         self.extra_base = self.main_grid + self.recheck_grid
         self.part_inertia = torch.empty(self.extra_base + extra_partials, dtype=torch.float32, device=device)
         self.part_changed = torch.empty(self.extra_base + extra_partials, dtype=torch.int64, device=device)
+        self.spares: dict[tuple[str, torch.dtype], torch.Tensor] = {}  # for unused pointer arguments
         if self.main_grid == 0:  # no program writes them
             self.part_inertia.zero_()
             self.part_changed.zero_()
@@ -705,18 +707,26 @@ class AssignPass:
         prepared = prepare_centroids(c32, offset, x.dtype, fast=self.fast and not self.small_d, split=self.split,
                                      exact=self.check or not (self.fast or self.small_d), zero=(self.acc, self.flag_count, *zero) if clear else (self.flag_count, *zero),
                                      control=control, stats_prev=stats_prev, iteration=iteration, tol=tol)
-        # Unused pointer arguments get a tensor of their own: one aliasing a real operand would, under
-        # torch.compile, make Inductor's functionalisation hand a later kernel the wrong copy.
-        dummy = torch.empty(1, dtype=torch.float32, device=x.device)
-        control_args = {"control_ptr": dummy if control is None else control, "HAS_CONTROL": control is not None}
+        # Unused pointer arguments get a tensor each, and no tensor goes to two arguments (``unused``).
+        dev = x.device
+
+        def spare(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            if (name, dtype) not in self.spares:  # kept: passes that reuse this object allocate none
+                self.spares[name, dtype] = unused(dev, dtype)
+            return self.spares[name, dtype]
+
+        def given(t: torch.Tensor | None, dtype: torch.dtype = torch.float32, *, name: str) -> torch.Tensor:
+            return spare(name, dtype) if t is None else t
+
+        control_args = {"control_ptr": given(control, torch.int32, name="control"), "HAS_CONTROL": control is not None}
         accumulate = self.update != UPDATE_NONE
         if self.small_d:
             if self.main_grid:
                 launcher(_assign_small_d_kernel)[(self.main_grid,)](
-                    x, c32, dummy if offset is None else offset, dummy if row_scale is None else row_scale,
-                    dummy if sample_weight is None else sample_weight,
-                    labels, dummy if sq_dist is None else sq_dist, labels if prev_labels is None else prev_labels,
-                    self.acc_sums if accumulate else dummy, self.acc_counts if accumulate else dummy,
+                    x, c32, given(offset, name="offset"), given(row_scale, name="scale"),
+                    given(sample_weight, name="weight"), labels, given(sq_dist, name="sq_dist"),
+                    given(prev_labels, labels.dtype, name="prev"),
+                    self.acc_sums if accumulate else spare("sums"), self.acc_counts if accumulate else spare("counts"),
                     self.part_inertia, self.part_changed,
                     n=n, k=self.k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1),
                     tiles_per_program=self.tiles_per_program, **control_args,
@@ -733,16 +743,12 @@ class AssignPass:
         if lower is not None and not self.check:
             raise ValueError('lower bounds come from the exact mode\'s best two candidates (precision="exact", d > 8)')
         common = dict(
-            c32_ptr=c32,
-            offset_ptr=dummy if offset is None else offset,
-            scale_ptr=dummy if row_scale is None else row_scale,
-            norm_ptr=dummy if raw_norms is None else raw_norms,
-            weight_ptr=dummy if sample_weight is None else sample_weight,
-            c_norm_ptr=prepared.c_norm,
-            labels_ptr=labels, sq_dist_ptr=dummy if sq_dist is None else sq_dist, lower_ptr=dummy if lower is None else lower,
-            prev_ptr=labels if prev_labels is None else prev_labels,
-            flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows,
-            sums_ptr=self.acc_sums if accumulate else dummy, counts_ptr=self.acc_counts if accumulate else dummy,
+            c32_ptr=c32, offset_ptr=given(offset, name="offset"), scale_ptr=given(row_scale, name="scale"),
+            norm_ptr=given(raw_norms, name="norm"), weight_ptr=given(sample_weight, name="weight"),
+            c_norm_ptr=prepared.c_norm, labels_ptr=labels, sq_dist_ptr=given(sq_dist, name="sq_dist"),
+            lower_ptr=given(lower, name="lower"), prev_ptr=given(prev_labels, labels.dtype, name="prev"),
+            sums_ptr=self.acc_sums if accumulate else spare("sums"),
+            counts_ptr=self.acc_counts if accumulate else spare("counts"),
             part_inertia_ptr=self.part_inertia, part_changed_ptr=self.part_changed,
             n=n, k=self.k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1), n_replicas=self.n_replicas, **control_args,
             KP=onehot_width(self.k) if self.update == UPDATE_ONEHOT else 16,
@@ -758,9 +764,10 @@ class AssignPass:
             # Over a row list the launch is persistent (its length is on the device); main_grid
             # programs still cover it whole and write every partial slot.
             launcher(_assign_kernel)[(self.main_grid,)](
-                x, prepared.c_mma, prepared.c_lo, prepared.bias,
-                row_index_ptr=self.flag_rows if rows is None else rows[0],
-                row_count_ptr=self.flag_count if rows is None else rows[1], part_base=0,
+                x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype), prepared.bias,
+                row_index_ptr=spare("row_index", torch.int32) if rows is None else rows[0],
+                row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1], part_base=0,
+                flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows,
                 bound_coef=gap_bound_coefficient(x.dtype, d, split=self.split) if self.check else 0.0,
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
@@ -771,8 +778,9 @@ class AssignPass:
             # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
             cfg = self.recheck_cfg
             launcher(_assign_kernel)[(self.recheck_grid,)](
-                x, prepared.c_exact, prepared.c_exact, prepared.bias_exact, row_index_ptr=self.flag_rows,
-                row_count_ptr=self.flag_count, SPLIT=False, part_base=self.main_grid, bound_coef=0.0,
+                x, prepared.c_exact, spare("c_lo"), prepared.bias_exact, row_index_ptr=self.flag_rows,
+                row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
+                flag_rows_ptr=spare("flag_rows", torch.int32), SPLIT=False, part_base=self.main_grid, bound_coef=0.0,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )

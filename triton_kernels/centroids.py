@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import launcher
+from ._common import launcher, unused
 
 __all__ = ["Prepared", "finish_update", "finish_update_reference", "prepare_centroids", "prepare_centroids_reference",
            "round_to_tf32"]
@@ -188,20 +188,20 @@ def prepare_centroids(
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
         raise ValueError("zero takes at most one contiguous tensor per dtype")
-    # Unused pointers get their own tensor (never an output: see AssignPass).
-    placeholder = torch.empty(1, dtype=torch.float32, device=device)
+    # Every unused pointer gets a tensor of its own, and c_lo is not c_mma's (see ``unused``).
+    def given(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return unused(device, dtype) if t is None else t
+
     block_d = min(32, max(16, triton.next_power_of_2(d)))
     block_k = 16
     grid = max(1, triton.cdiv(k, block_k))
     launcher(_prepare_kernel)[(grid,)](
-        c32, placeholder if offset is None else offset,
-        placeholder if c_mma is None else c_mma, placeholder if c_lo is None else c_lo,
-        placeholder if bias is None else bias, placeholder if c_exact is None else c_exact,
-        placeholder if bias_exact is None else bias_exact, c_norm,
-        zeros.get(torch.float32, placeholder), zeros[torch.float32].numel() if torch.float32 in zeros else 0,
-        zeros.get(torch.int32, placeholder), zeros[torch.int32].numel() if torch.int32 in zeros else 0,
-        zeros.get(torch.float64, placeholder), zeros[torch.float64].numel() if torch.float64 in zeros else 0,
-        placeholder if control is None else control, placeholder if stats_prev is None else stats_prev, iteration, tol,
+        c32, given(offset), given(c_mma), c_lo if split else unused(device, mma_dtype),
+        given(bias), given(c_exact), given(bias_exact), c_norm,
+        given(zeros.get(torch.float32)), zeros[torch.float32].numel() if torch.float32 in zeros else 0,
+        given(zeros.get(torch.int32), torch.int32), zeros[torch.int32].numel() if torch.int32 in zeros else 0,
+        given(zeros.get(torch.float64), torch.float64), zeros[torch.float64].numel() if torch.float64 in zeros else 0,
+        given(control, torch.int32), given(stats_prev, torch.float64), iteration, tol,
         k, d, BLOCK_K=block_k, BLOCK_D=block_d, HAS_OFFSET=offset is not None, FAST=fast,
         TF32=x_dtype == torch.float32, SPLIT=split, EXACT=exact, HAS_CONTROL=control is not None,
         CHECK_STOP=stats_prev is not None,

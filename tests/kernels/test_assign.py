@@ -232,3 +232,42 @@ def test_round_to_tf32_is_exact_in_tf32_and_within_half_an_ulp():
     assert (rounded.view(torch.int32) & 0x1FFF == 0).all()  # 10 explicit mantissa bits left
     assert ((rounded - values).abs() <= values.abs() * 2.0**-11).all()
     assert torch.equal(round_to_tf32(rounded), rounded)
+
+
+@pytest.mark.parametrize("search", ["eager", "swap"])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("d", [3, 19])
+def test_no_launch_passes_one_tensor_for_two_pointer_arguments(monkeypatch, d, precision, search):
+    """Under torch.compile, Inductor clones each argument a kernel may write; a tensor passed for two
+    arguments gets two clones, and the one copied back last can undo the kernel's writes. So no
+    launch of the pass (preparation, search, re-search, small-d kernel) passes a tensor twice. (The
+    fit loop, which nothing compiles, does pass one label buffer as ``labels`` and ``prev_labels``.)"""
+    import torchkm._kernels.assign as assign_module
+    import torchkm._kernels.centroids as centroids_module
+
+    launches = []
+
+    def recording_launcher(kernel):
+        class Recording:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+                    launches.append([t.data_ptr() for t in tensors])
+                    return kernel[grid](*args, **kwargs)
+                return launch
+        return Recording()
+
+    monkeypatch.setattr(assign_module, "launcher", recording_launcher)
+    monkeypatch.setattr(centroids_module, "launcher", recording_launcher)
+    x, c = _data(300, d, 40, 5)
+    x[:40] = (c[0::2][:20].repeat(2, 1) + c[1::2][:20].repeat(2, 1)) / 2  # ties: the exact mode re-searches
+    prev = torch.zeros(300, dtype=torch.int64, device=DEVICE)
+    sums = torch.zeros(40, d, device=DEVICE)
+    counts = torch.zeros(40, device=DEVICE)
+    norms = x.norm(dim=1)
+    out = assign(x, c, precision=precision, raw_norms=norms, config=_search_config(search, d), prev_labels=prev,
+                 sums=sums, counts=counts)
+    _check_labels(x, c, out.labels, precision)
+    assert len(launches) == (2 if d == 3 or precision == "fast" else 3)  # preparation, search(, re-search)
+    for ptrs in launches:
+        assert len(set(ptrs)) == len(ptrs), "a tensor passed for two pointer arguments of one launch"
