@@ -28,6 +28,7 @@ import argparse
 import json
 import platform
 import time
+import traceback
 
 import torch
 import triton
@@ -210,6 +211,7 @@ def main() -> None:
                     if library == base:
                         raise
                     print(f"{library} {dtype_name}: {type(error).__name__}: {str(error)[:300]}")
+                    traceback.print_exc()
                     t = float("nan")
                 del layer
                 torch.cuda.empty_cache()
