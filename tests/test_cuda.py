@@ -128,42 +128,71 @@ def test_cuda_assign_compiles_without_graph_breaks(x_cpu):
 
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 def test_cuda_compiled_tensor_core_pass_with_deferred_rows(precision):
-    """torch.compile(fullgraph=True) of ``torchkm.assign`` and of a VQ training step at d > 8: the
-    tensor-core pass, the exact mode's deferred-row list and its re-search, under Inductor's
-    functionalisation. Rows halfway between two codes force re-searches. (A pointer argument passed
-    twice to one launch once let a clone undo the pass's writes: an illegal memory access.)"""
+    """torch.compile(fullgraph=True) of ``torchkm.assign``, of the fused assign-and-sum op and of a VQ
+    training step at d > 8: the tensor-core pass, the exact mode's deferred-row list and its
+    re-search, and the fused sums, under Inductor's functionalisation. Rows near three identical
+    codes force re-searches (three equal scores), rows halfway between two codes the settling of
+    pairs; the allocator's free memory is poisoned first, so a read of memory that no kernel wrote
+    shows. Sums and the EMA update are checked against the compiled labels' own one-hot sums.
+    (Inductor once cloned the counts, a view at a storage offset, from past the end of a copy of the
+    view: wrong counts and, at large sizes, an illegal memory access.)"""
+    from torchkm import _ops
     from torchkm.nn import VectorQuantizer
 
     torch._dynamo.reset()
     g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 31)))
-    k, d = 512, 64
+    k, d, n = 512, 64, 6000
     vq = VectorQuantizer(k, d, kmeans_init=False, precision=precision).cuda()
+    twin = VectorQuantizer(k, d, kmeans_init=False, precision=precision).cuda()
+    with torch.no_grad():
+        vq.codebook[1:96:3] = vq.codebook[0:96:3]
+        vq.codebook[2:96:3] = vq.codebook[0:96:3]
+        vq.embed_sum.copy_(vq.codebook)
     codebook = vq.codebook.detach().clone()
-    x = torch.randn(6000, d, device="cuda", generator=g)
-    x[:512] = (codebook[0::2][:256].repeat(2, 1) + codebook[1::2][:256].repeat(2, 1)) / 2
-    ref = f64_sq_distances(x.cpu().numpy(), codebook.cpu().numpy()).argmin(1)
+    x = torch.randn(n, d, device="cuda", generator=g)
+    x[:512] = (codebook[96::2][:128].repeat(4, 1) + codebook[97::2][:128].repeat(4, 1)) / 2
+    x[512:1024] = codebook[0:96:3].repeat(16, 1) + 1e-3 * torch.randn(512, d, device="cuda", generator=g)
+    poison = [torch.full((size,), 0x7F, dtype=torch.uint8, device="cuda") for size in [64 << 20] * 4 + [1 << 16] * 200]
+    del poison  # the blocks go back to the caching allocator, still holding 0x7F7F7F7F
+
+    def check_labels(labels: torch.Tensor, c: torch.Tensor) -> None:
+        assert int(labels.min()) >= 0 and int(labels.max()) < k
+        ref = f64_sq_distances(x.cpu().numpy(), c.cpu().numpy()).argmin(1)
+        if precision == "exact":
+            assert_labels_match_except_near_ties(x.cpu().numpy(), c.cpu().numpy(), labels.cpu().numpy(), ref)
+        else:
+            assert (labels.cpu().numpy() == ref).mean() > 0.9
+
+    def one_hot_sums(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sums = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(0, labels, x.double())
+        return sums.float(), torch.bincount(labels, minlength=k).float()
 
     labels, dist = torch.compile(lambda a, b: torchkm.assign(a, b, precision=precision), fullgraph=True)(x, codebook)
     torch.cuda.synchronize()
-    if precision == "exact":
-        assert_labels_match_except_near_ties(x.cpu().numpy(), codebook.cpu().numpy(), labels.cpu().numpy(), ref)
-    else:
-        assert (labels.cpu().numpy() == ref).mean() > 0.9
-    assert int(labels.min()) >= 0 and int(labels.max()) < k and torch.isfinite(dist).all()
+    check_labels(labels, codebook)
+    assert torch.isfinite(dist).all()
+
+    fused = torch.compile(lambda a, b: _ops.query_assign_and_sum(a, b, precision), fullgraph=True)(x, codebook)
+    check_labels(fused[0], codebook)
+    sums, counts = one_hot_sums(fused[0])
+    assert torch.equal(fused[3], counts)
+    torch.testing.assert_close(fused[2], sums, rtol=1e-5, atol=1e-4)
 
     step = torch.compile(vq, fullgraph=True)
-    for i in range(3):
+    for _ in range(3):
+        twin.load_state_dict(vq.state_dict())
         rows = x.clone().requires_grad_(True)
         before = vq.codebook.detach().clone()
         out = step(rows)
         (out.quantized.sum() + out.loss).backward()
         torch.cuda.synchronize()
-        assert int(out.indices.min()) >= 0 and int(out.indices.max()) < k
+        check_labels(out.indices, before)
         assert torch.equal(out.quantized.detach(), before[out.indices])
-        assert torch.isfinite(rows.grad).all() and torch.isfinite(vq.codebook).all()
-        if i == 0 and precision == "exact":
-            assert_labels_match_except_near_ties(x.cpu().numpy(), codebook.cpu().numpy(),
-                                                 out.indices.cpu().numpy(), ref)
+        assert torch.isfinite(rows.grad).all()
+        # The eager layer's update from the compiled labels' one-hot sums gives the same state.
+        twin._update(x, out.indices, *one_hot_sums(out.indices))
+        for name in ("cluster_size", "embed_sum", "codebook"):
+            torch.testing.assert_close(getattr(vq, name), getattr(twin, name), rtol=1e-5, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

@@ -326,7 +326,7 @@ def _tile(
 def _assign_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
@@ -342,7 +342,7 @@ def _assign_kernel(
     if go:
         _assign_programs(x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_ptr, row_index_ptr, row_count_ptr,
-                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base,
                          n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
@@ -353,7 +353,7 @@ def _assign_kernel(
 def _assign_programs(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
@@ -364,6 +364,9 @@ def _assign_programs(
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
+    # One accumulator buffer, the counts after the sums (see AssignPass).
+    sums_ptr = acc_ptr
+    counts_ptr = acc_ptr + counts_offset
     if HAS_ROW_INDEX:
         # Persistent over a row list whose length is only known on the device (no host sync).
         row_count = tl.load(row_count_ptr)
@@ -392,7 +395,7 @@ def _assign_programs(
 @triton.jit
 def _assign_small_d_kernel(
     x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr,
-    labels_ptr, sq_dist_ptr, prev_ptr, sums_ptr, counts_ptr, part_inertia_ptr, part_changed_ptr,
+    labels_ptr, sq_dist_ptr, prev_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_changed_ptr,
     control_ptr, n, k, d, stride_xn, stride_xd, tiles_per_program,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -414,6 +417,8 @@ def _assign_small_d_kernel(
         go = tl.load(control_ptr) == 0
     if go:
         pid = tl.program_id(0)
+        sums_ptr = acc_ptr
+        counts_ptr = acc_ptr + counts_offset
         dims = tl.arange(0, DP)
         dim_mask = dims < d
         inertia_rows = tl.zeros((BLOCK_N,), tl.float32)
@@ -655,10 +660,14 @@ class AssignPass:
             # The small-d kernel keeps its sums in registers until its programs end: no replicas.
             n_replicas = 1 if self.small_d else min(128, max(1, (1 << 14) // (k * d)))
         self.n_replicas = n_replicas
-        # One buffer, so that one launch clears both.
+        # One buffer, so that one launch clears both and one collective sums both. The kernels take
+        # the buffer itself and find the counts at ``counts_offset``: under torch.compile, a launch
+        # that writes a view at a storage offset is functionalised wrongly (torch 2.11's Inductor
+        # clones such a view's whole storage from a copy of the view alone, reading past its end).
+        self.counts_offset = n_replicas * k * d if update else 0
         self.acc = torch.empty(n_replicas * k * (d + 1) if update else 1, dtype=torch.float32, device=device)
-        self.acc_sums = self.acc[: n_replicas * k * d].view(n_replicas, k, d) if update else None
-        self.acc_counts = self.acc[n_replicas * k * d:].view(n_replicas, k) if update else None
+        self.acc_sums = self.acc[: self.counts_offset].view(n_replicas, k, d) if update else None
+        self.acc_counts = self.acc[self.counts_offset:].view(n_replicas, k) if update else None
         self.flag_count = torch.empty(1, dtype=torch.int32, device=device)
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
         if self.small_d:
@@ -726,8 +735,7 @@ class AssignPass:
                     x, c32, given(offset, name="offset"), given(row_scale, name="scale"),
                     given(sample_weight, name="weight"), labels, given(sq_dist, name="sq_dist"),
                     given(prev_labels, labels.dtype, name="prev"),
-                    self.acc_sums if accumulate else spare("sums"), self.acc_counts if accumulate else spare("counts"),
-                    self.part_inertia, self.part_changed,
+                    self.acc if accumulate else spare("acc"), self.counts_offset, self.part_inertia, self.part_changed,
                     n=n, k=self.k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1),
                     tiles_per_program=self.tiles_per_program, **control_args,
                     BLOCK_N=self.block_n, DP=triton.next_power_of_2(d), KP=onehot_width(self.k),
@@ -747,8 +755,7 @@ class AssignPass:
             norm_ptr=given(raw_norms, name="norm"), weight_ptr=given(sample_weight, name="weight"),
             c_norm_ptr=prepared.c_norm, labels_ptr=labels, sq_dist_ptr=given(sq_dist, name="sq_dist"),
             lower_ptr=given(lower, name="lower"), prev_ptr=given(prev_labels, labels.dtype, name="prev"),
-            sums_ptr=self.acc_sums if accumulate else spare("sums"),
-            counts_ptr=self.acc_counts if accumulate else spare("counts"),
+            acc_ptr=self.acc if accumulate else spare("acc"), counts_offset=self.counts_offset,
             part_inertia_ptr=self.part_inertia, part_changed_ptr=self.part_changed,
             n=n, k=self.k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1), n_replicas=self.n_replicas, **control_args,
             KP=onehot_width(self.k) if self.update == UPDATE_ONEHOT else 16,

@@ -352,13 +352,15 @@ class TriangleEngine:
 @triton.jit
 def _settle_kernel(
     x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_ptr, shift_top_ptr,
-    active_rows_ptr, active_count_ptr, sums_ptr, counts_ptr, part_inertia_ptr, part_base,
+    active_rows_ptr, active_count_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_base,
     n, k, d, stride_xn, stride_xd, n_replicas, margin,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
+    sums_ptr = acc_ptr  # the assignment pass's accumulators (see AssignPass)
+    counts_ptr = acc_ptr + counts_offset
     rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     if HAS_SCALE:
@@ -587,7 +589,7 @@ class BoundsEngine:
             dummy if inp["row_scale"] is None else inp["row_scale"],
             dummy if inp["sample_weight"] is None else inp["sample_weight"],
             self.labels, self.sq_dist, self.lower, shifts, shift_top, self.active_rows, self.active_count,
-            p.acc_sums, p.acc_counts, p.part_inertia, p.extra_base,
+            p.acc, p.counts_offset, p.part_inertia, p.extra_base,
             n, k, d, self.x.stride(0), self.x.stride(1), p.n_replicas, distance_margin(d),
             BLOCK_N=self.settle_block, BLOCK_D=block_d, KP=onehot_width(k) if p.update == 1 else 16,
             ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None, HAS_SCALE=inp["row_scale"] is not None,
