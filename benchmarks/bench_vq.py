@@ -25,8 +25,10 @@ embedding, one-hot EMA update). Floor: 2 n k d FLOPs at the measured tf32 (fp32 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import platform
+import pstats
 import time
 import traceback
 
@@ -143,6 +145,14 @@ def profile(n: int, dim: int, k: int, precision: str, dtype: torch.dtype, steps:
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) / steps * 1e3
     print(f"\nprofile {n:,} x {dim}, {k:,} {precision} {dtype}: host {host:.3f} ms/step (launch side), wall {wall:.3f} ms/step")
+    # Where the host's time goes, by Python function (cProfile's own overhead inflates small calls).
+    host_profile = cProfile.Profile()
+    host_profile.enable()
+    for _ in range(steps):
+        step()
+    host_profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(host_profile).sort_stats("tottime").print_stats(22)
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
