@@ -157,12 +157,20 @@ SWEEP = {  # workload: candidate "BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,
     "seed000-A": ["128,32,32,8,2,1", "64,32,32,4,2,1", "128,32,32,8,2,0", "64,32,32,4,2,0", "128,32,32,4,2,0,1"],
     "seed000-B": ["128,128,32,8,2,1", "128,128,32,8,2,0", "256,64,32,8,2,0,1", "128,64,32,4,2,0,1",
                   "128,128,32,8,2,0,1", "256,128,32,8,2,0,1"],
-    # (exact mode: "...,1" is the row-oriented eager search, "...,0,1" the transposed one)
-    "SIFT-like": ["128,128,128,8,2,1", "128,64,128,8,2,1", "128,64,128,8,3,0,1", "256,64,128,8,3,0,1"],
-    "embeddings": [],
-    "VQ-batch": ["128,128,32,8,4,1", "128,64,256,8,2,1", "128,64,256,4,3,0", "256,64,256,8,2,0,1",
-                 "128,64,256,4,2,0,1"],
+    # (exact mode: "...,1" is the row-oriented eager search, "...,0" the lazy one, "...,0,1" the transposed one)
+    "SIFT-like": ["128,128,128,8,2,1", "128,64,128,8,2,1", "128,64,128,8,3,0,1", "256,64,128,8,3,0,1",
+                  "128,64,128,8,2,0", "64,64,128,4,2,0"],
+    "embeddings": ["128,128,64,8,3,1", "128,128,32,8,4,1", "128,64,32,8,3,0", "128,64,64,8,3,0", "128,128,32,8,3,0",
+                   "64,128,32,4,3,0", "256,64,32,8,3,0"],
+    "VQ-batch": ["128,128,32,8,4,1", "128,64,32,8,3,0", "128,64,64,8,3,0", "128,64,32,8,4,0", "128,128,32,8,3,0",
+                 "64,128,32,4,3,0", "256,64,32,8,3,0", "128,64,32,4,3,0"],
 }
+
+# The exact mode's re-search of deferred rows (tf32x3, every centroid): a few thousand rows make few
+# row tiles, so smaller tiles occupy more SMs.
+# "config/chunks": TORCHKM_RECHECK_CONFIG and TORCHKM_RESEARCH_CHUNKS (centroid chunks of the re-search).
+RECHECK_SWEEP = [f"{cfg}/{chunks}" for cfg in ["128,128,32,8,4,1", "64,64,32,4,3,1", "64,128,64,4,3,1"]
+                 for chunks in [1, 4, 8, 16]]
 
 
 def sweep(name, x, c, precision):
@@ -182,14 +190,20 @@ def sweep(name, x, c, precision):
     res["default, search only"] = ms(lambda: kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False))
     if precision == "exact":
         res["rechecked_pct"] = 100 * int(fused().rechecked) / x.shape[0]
-    for key in SWEEP.get(name, []):
-        os.environ["TORCHKM_ASSIGN_CONFIG"] = key
+    candidates = [(f"{key}", {"TORCHKM_ASSIGN_CONFIG": key}) for key in SWEEP.get(name, [])]
+    if precision == "exact":
+        candidates += [(f"re-search {key}", dict(zip(("TORCHKM_RECHECK_CONFIG", "TORCHKM_RESEARCH_CHUNKS"), key.split("/"))))
+                       for key in RECHECK_SWEEP]
+        candidates.append(("default again", {}))  # the run-to-run spread
+    for label, variables in candidates:
+        os.environ.update(variables)
         try:
-            res[key] = ms(fused)
+            res[label] = ms(fused)
         except Exception as e:  # out of shared memory / registers: not a candidate
-            res[key] = f"{type(e).__name__}"
+            res[label] = f"{type(e).__name__}"
         finally:
-            del os.environ["TORCHKM_ASSIGN_CONFIG"]
+            for variable in variables:
+                del os.environ[variable]
     return base, res
 
 

@@ -8,10 +8,12 @@ arithmetic. Two ways to keep the running minimum (config ``EAGER``): lazily *per
 tile*, reduced across columns only once after the last centroid tile (three element-wise
 operations per tile, no cross-thread reductions, but three tile-sized register arrays); or
 eagerly per row after every tile (reductions per tile, few registers, so larger tiles fit). Ties
-go to the lowest index, as in numpy, faiss and scikit-learn. With ``SWAP`` (the fast pass, the row
-in one chunk) the product is transposed: scores (centroids x rows) with the resident row tile as
+go to the lowest index, as in numpy, faiss and scikit-learn. With ``SWAP`` (the row in one
+chunk) the product is transposed: scores (centroids x rows) with the resident row tile as
 the shared-memory operand, so a 256-row tile fits beside the centroid stages and each centroid
 tile read serves twice as many rows; the lazy minimum is then per row *and* centroid slot.
+The exact mode's lazy searches also keep each slot's second-lowest score (one more array), from
+which the best two candidates and a lower bound on the third follow (see ``precision``).
 Sums and counts are added with relaxed atomics (fire-and-forget reductions; the next launch
 orders them).
 
@@ -36,6 +38,7 @@ transformed copy of x ever exists.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -64,13 +67,13 @@ PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, replica,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
 ):
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_INDEX:
@@ -107,9 +110,12 @@ def _tile(
             # Per slot also the second-lowest score over the tiles (its index is not kept).
             second_t = tl.full((BLOCK_K, BLOCK_N), float("inf"), tl.float32)
     else:
-        # Per-column running best score and the k0 of the tile it came from (CHECK needs EAGER).
+        # Per-column running best score and the k0 of the tile it came from; with CHECK also each
+        # column's second-lowest score over the tiles (its index is not kept), as in SWAP.
         best_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
         tile_t = tl.zeros((BLOCK_N, BLOCK_K), tl.int32)
+        if CHECK:
+            second_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
     if ONE_CHUNK:
         # The whole row fits one chunk: load and transform it once for all centroid tiles.
         if RAW_MMA:
@@ -120,7 +126,11 @@ def _tile(
                                 HAS_OFFSET, HAS_SCALE).to(mma_dtype)
         if SWAP:
             x_once_t = tl.trans(x_once)
-    for k0 in range(0, k, BLOCK_K):
+    if KEYS == 2:  # the split re-search found each listed row's label: only the epilogue runs
+        search_end = 0
+    else:
+        search_end = k
+    for k0 in range(0, search_end, BLOCK_K):
         cols = k0 + tile_cols
         col_mask = cols < k
         # Padded centroids score +inf, so they never win and never count as second best.
@@ -199,6 +209,8 @@ def _tile(
             else:
                 # Strictly better only: an equal score in a later tile keeps the lower index.
                 better = acc < best_t
+                if CHECK:
+                    second_t = tl.where(better, best_t, tl.minimum(second_t, acc))
                 best_t = tl.where(better, acc, best_t)
                 tile_t = tl.where(better, k0, tile_t)
 
@@ -222,6 +234,16 @@ def _tile(
         best = tl.min(best_t, axis=1)
         index_t = tile_t + tile_cols[None, :]
         label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
+        if CHECK:  # the transposed search's reduction, along the other axis
+            at_best = index_t == label[:, None]
+            others = tl.where(at_best, float("inf"), best_t)
+            second = tl.min(others, axis=1)
+            label2 = tl.min(tl.where(others == second[:, None], index_t, 2147483647), axis=1)
+            at_second = index_t == label2[:, None]
+            third = tl.min(tl.where(at_best | at_second, second_t, best_t), axis=1)
+            second = tl.minimum(second, tl.min(tl.where(at_best, second_t, float("inf")), axis=1))
+    if KEYS == 2:
+        label = _label_of_key(tl.load(key_ptr.to(tl.pointer_type(tl.uint64)) + slots, mask=row_mask, other=0))
     done = row_mask
     if CHECK:
         row_norm = tl.load(norm_ptr + rows, mask=row_mask, other=0.0)
@@ -241,6 +263,8 @@ def _tile(
         base = tl.atomic_add(flag_count_ptr, n_flag)
         pos = base + tl.cumsum(flag.to(tl.int32), axis=0) - 1
         tl.store(flag_rows_ptr + pos, rows, mask=flag)
+        if KEYS == 1:  # clear the split re-search's slots of these rows
+            tl.store(key_ptr.to(tl.pointer_type(tl.uint64)) + pos, tl.zeros((BLOCK_N,), tl.uint64), mask=flag)
 
     if HAS_WEIGHT:
         w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
@@ -323,17 +347,84 @@ def _tile(
 
 
 @triton.jit
+def _key_of(score, label):
+    """(score, label) as one uint64 whose largest value is the lowest score, ties to the lowest label:
+    the complement of (order-preserving unsigned bits of the fp32 score, label). Never 0, the
+    cleared slot."""
+    bits = score.to(tl.uint32, bitcast=True)
+    flip = tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+    return ~(((bits ^ flip).to(tl.uint64) << 32) | label.to(tl.uint64))
+
+
+@triton.jit
+def _label_of_key(key):
+    return (~key).to(tl.uint32).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _research_kernel(
+    x_ptr, c_exact_ptr, bias_exact_ptr, offset_ptr, scale_ptr, row_index_ptr, row_count_ptr, key_ptr, control_ptr,
+    k, d, stride_xn, stride_xd, chunk,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_CONTROL: tl.constexpr,
+):
+    """The exact mode's re-search split over centroid chunks (program axis 1), so that a few hundred
+    deferred rows still occupy every SM: the nearest centroid of each listed row within the chunk,
+    from 3xTF32 products of the transformed fp32 rows, folded into the row's key slot by an atomic
+    maximum (see ``_key_of``). The re-search launch then reads the labels from the keys."""
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        row_count = tl.load(row_count_ptr)
+        first = tl.program_id(1) * chunk
+        last = tl.minimum(first + chunk, k)
+        tile_cols = tl.arange(0, BLOCK_K)
+        dims0 = tl.arange(0, BLOCK_D)
+        keys = key_ptr.to(tl.pointer_type(tl.uint64))
+        for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
+            slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_mask = slots < row_count
+            rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
+            if HAS_SCALE:
+                scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
+            else:
+                scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+            best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+            label = tl.zeros((BLOCK_N,), tl.int32)
+            for k0 in range(first, last, BLOCK_K):
+                cols = k0 + tile_cols
+                col_mask = cols < last
+                acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + tl.load(
+                    bias_exact_ptr + cols, mask=col_mask, other=float("inf"))[None, :]
+                for d0 in range(0, d, BLOCK_D):
+                    dims = d0 + dims0
+                    dim_mask = dims < d
+                    x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                       HAS_OFFSET, HAS_SCALE)
+                    c_tile = tl.load(c_exact_ptr + cols[:, None].to(tl.int64) * d + dims[None, :],
+                                     mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
+                    acc = tl.dot(x_tile, tl.trans(c_tile), acc, input_precision="tf32x3")
+                m1 = tl.min(acc, axis=1)
+                j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+                better = m1 < best  # strict: ties keep the lower index
+                best = tl.where(better, m1, best)
+                label = tl.where(better, k0 + j1, label)
+            tl.atomic_max(keys + slots, _key_of(best, label), mask=row_mask & (best < float("inf")), sem="relaxed")
+
+
+@triton.jit
 def _assign_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, acc_ptr, counts_offset,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     go = True
@@ -342,25 +433,25 @@ def _assign_kernel(
     if go:
         _assign_programs(x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_ptr, row_index_ptr, row_count_ptr,
-                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, acc_ptr, counts_offset,
+                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base,
                          n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP)
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
 
 
 @triton.jit
 def _assign_programs(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, acc_ptr, counts_offset,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -375,19 +466,19 @@ def _assign_programs(
         for t in range(pid, tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
             i, c = _tile(t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_ptr, row_index_ptr, row_count,
-                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
                          n, k, d, stride_xn, stride_xd, bound_coef, replica,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP)
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
             inertia += i
             changed += c
     else:
         inertia, changed = _tile(pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                                  c_norm_ptr, row_index_ptr, 0,
-                                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, sums_ptr, counts_ptr,
+                                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
                                  n, k, d, stride_xn, stride_xd, bound_coef, replica,
                                  BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP)
+                                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -675,17 +766,27 @@ class AssignPass:
             self.recheck_grid = 0
         else:
             cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
-            # The exact mode settles rows from the best two candidates, which the per-row search keeps.
-            # The transposed search keeps a lazy minimum over a resident row tile (the whole row in
-            # one chunk) of one product (no hi/lo centroids: measured slower for bf16, see
-            # configs.py); otherwise the exact mode keeps its best two per row eagerly.
+            # The exact mode settles rows from the best two candidates: the eager search keeps them per
+            # row, the lazy ones (per column slot) the best and second-lowest score of each slot. The
+            # transposed search needs the whole row in one chunk and one product (no hi/lo
+            # centroids: measured slower for bf16, see configs.py).
             cfg["SWAP"] = bool(cfg.get("SWAP", False) and cfg["BLOCK_D"] >= d and not self.split)
-            cfg["EAGER"] = bool((cfg.get("EAGER", False) or self.check) and not cfg["SWAP"])
+            cfg["EAGER"] = bool(cfg.get("EAGER", False) and not cfg["SWAP"])
             self.cfg = cfg
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
             if self.check:
                 self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3"), "SWAP": False}
+                # The re-search splits the centroids into up to 8 chunks, one program column each, so
+                # that a few row tiles of deferred rows still fill the GPU (a pass over 32,768 rows
+                # defers a few thousand: 20 tiles of 128). Each row keeps its best (score, index) of
+                # every chunk in one key slot; the re-search launch then only runs the epilogue.
+                block_k = self.recheck_cfg["BLOCK_K"]
+                chunks = min(int(os.environ.get("TORCHKM_RESEARCH_CHUNKS", "8")), triton.cdiv(k, 2 * block_k))
+                self.research_chunk = triton.cdiv(triton.cdiv(k, chunks), block_k) * block_k
+                self.research_chunks = triton.cdiv(k, self.research_chunk)
+                self.research_keys = torch.empty(n if self.research_chunks > 1 else 1, dtype=torch.int64,
+                                                 device=device)
         # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
         # pruned Lloyd's settle pass), so that one reduction sees both.
         self.extra_base = self.main_grid + self.recheck_grid
@@ -762,6 +863,8 @@ class AssignPass:
             HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
             STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=self.update,
         )
+        split_research = bool(self.recheck_grid) and self.research_chunks > 1
+        keys = self.research_keys if split_research else spare("keys", torch.int64)
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
         # product's operands) spill registers.
         epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
@@ -774,7 +877,8 @@ class AssignPass:
                 x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype), prepared.bias,
                 row_index_ptr=spare("row_index", torch.int32) if rows is None else rows[0],
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1], part_base=0,
-                flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows,
+                flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
+                KEYS=1 if split_research else 0,
                 bound_coef=gap_bound_coefficient(x.dtype, d, split=self.split) if self.check else 0.0,
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
@@ -784,10 +888,20 @@ class AssignPass:
         if self.recheck_grid:
             # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
             cfg = self.recheck_cfg
+            if split_research:
+                launcher(_research_kernel)[(max(1, self.recheck_grid // self.research_chunks), self.research_chunks)](
+                    x, prepared.c_exact, prepared.bias_exact, given(offset, name="offset"),
+                    given(row_scale, name="scale"), self.flag_rows, self.flag_count, keys,
+                    control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunk,
+                    BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"],
+                    HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
+                    HAS_CONTROL=control is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                )
             launcher(_assign_kernel)[(self.recheck_grid,)](
                 x, prepared.c_exact, spare("c_lo"), prepared.bias_exact, row_index_ptr=self.flag_rows,
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
-                flag_rows_ptr=spare("flag_rows", torch.int32), SPLIT=False, part_base=self.main_grid, bound_coef=0.0,
+                flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
+                SPLIT=False, part_base=self.main_grid, bound_coef=0.0,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )

@@ -1,7 +1,9 @@
 """Launch configurations of the kernels: one table, chosen from the problem's shape and dtype.
 
 The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py --sweep); ``TORCHKM_ASSIGN_CONFIG``
-(``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]``) overrides it for experiments.
+(``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]``) overrides it for experiments, and
+``TORCHKM_RECHECK_CONFIG`` (same format) the exact mode's re-search, whose centroid chunks
+``TORCHKM_RESEARCH_CHUNKS`` sets (default 8; see ``assign.AssignPass``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ __all__ = ["assign_config", "num_persistent_programs", "small_d_launch", "update
 
 
 def _override(precision: str) -> dict | None:
-    spec = os.environ.get("TORCHKM_ASSIGN_CONFIG")
-    if not spec or precision == "tf32x3":  # the exact mode's re-search keeps its own table
+    # The exact mode's re-search (tf32x3) has its own override.
+    spec = os.environ.get("TORCHKM_RECHECK_CONFIG" if precision == "tf32x3" else "TORCHKM_ASSIGN_CONFIG")
+    if not spec:
         return None
     bn, bk, bd, warps, stages, *flags = (int(v) for v in spec.split(","))
     flags += [0, 0]

@@ -78,11 +78,12 @@ def test_fused_update_matches_reference(k, d, search):
     torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("search", ["eager", "swap"])
+@pytest.mark.parametrize("search", ["eager", "lazy", "swap"])
 def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     """Rows with a third candidate inside the bound are re-searched; rows with two are settled in the
-    pass (and still get the float64 labels); the others are neither. The transposed search also
-    re-searches a row whose best two share a centroid slot (it keeps no index for the second)."""
+    pass (and still get the float64 labels); the others are neither. The lazy searches (per column
+    slot, transposed or not) also re-search a row whose best two share a centroid slot (they keep no
+    index for the second)."""
     n, d, k = 512, 12, 64  # d > 8: the tensor-core kernel (small d computes exact differences)
     x, c = _data(n, d, k, seed=3)
     sums = torch.zeros(k, d, device=DEVICE)
@@ -104,10 +105,11 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
 
 
-def test_transposed_exact_search_re_searches_a_runner_up_in_the_winners_slot():
+@pytest.mark.parametrize("search", ["lazy", "swap"])
+def test_lazy_exact_search_re_searches_a_runner_up_in_the_winners_slot(search):
     """The best two of row 0 sit in the same centroid slot (indices 1 and 1 + BLOCK_K), closer than the
-    rounding bound: the transposed search keeps no index for the second, so the row is re-searched
-    and still gets the float64 label; the same pair in different slots is settled in the pass."""
+    rounding bound: the lazy searches keep no index for the second, so the row is re-searched and
+    still gets the float64 label; the same pair in different slots is settled in the pass."""
     d, k = 12, 48
     x, c = _data(1, d, k, seed=21)
     c = c * 10  # every other centroid far away
@@ -115,10 +117,37 @@ def test_transposed_exact_search_re_searches_a_runner_up_in_the_winners_slot():
         cc = c.clone()
         cc[runner_up] = x[0] + 0.010 * torch.eye(d, device=DEVICE)[0]
         cc[first] = x[0] + 0.008 * torch.eye(d, device=DEVICE)[1]
-        out = assign(x, cc, precision="exact", raw_norms=x.norm(dim=1), config=_search_config("swap", d))
+        out = assign(x, cc, precision="exact", raw_norms=x.norm(dim=1), config=_search_config(search, d))
         assert int(out.labels[0]) == first
         assert torch.equal(out.labels.cpu(), assign_reference(x.cpu(), cc.cpu())[0])
         assert int(out.rechecked) == (1 if runner_up == 17 else 0)
+
+
+def test_split_re_search_gives_ties_to_the_lowest_index_across_chunks():
+    """At k = 1000 the exact mode's re-search runs over eight centroid chunks (one program column
+    each) and joins them through per-row keys. Rows whose three nearest codes are one vector stored
+    three times, in different chunks, are deferred and get the lowest of the three indices; every
+    other row gets the float64 label, and the sums see each row once, under its final label."""
+    n, d, k = 300, 12, 1000
+    x, c = _data(n, d, k, seed=5)
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    triples = [(3, 400, 900), (150, 151, 700), (260, 520, 999)]
+    for group, (first, second, third) in enumerate(triples):
+        c[second] = c[first]
+        c[third] = c[first]
+        x[group * 20:(group + 1) * 20] = c[first] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts)
+    assert int(out.rechecked) >= 60
+    for group, (first, _, _) in enumerate(triples):
+        assert (out.labels[group * 20:(group + 1) * 20] == first).all()
+    _check_labels(x, c, out.labels, "exact")
+    ref_sums, ref_counts = update_reference(x, out.labels, k)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
+    direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("exact", "swap"), ("fast", "lazy"), ("fast", "swap")])
