@@ -212,6 +212,7 @@ def main() -> None:
                     # around the kernels and launches them without the op's Python; "-cudagraphs"
                     # also replays the step's launches as CUDA graphs (mode="reduce-overhead").
                     mode = "reduce-overhead" if library.endswith("-cudagraphs") else None
+                    torch._dynamo.reset()  # each variant compiles afresh (no recompile limit across them)
                     layer = torch.compile(layer, fullgraph=True, mode=mode)
                 try:
                     t = ms(step_fn(layer, x, dtype))
