@@ -27,8 +27,9 @@ Precision (``precision=``):
   ``"exact"``  the fast pass also keeps the best two candidates and the third-best score. A row
                whose best-two gap is within the rounding bound of the fast products is settled by
                direct fp32 distances to both candidates; a row with a third score inside the bound
-               too is re-searched with 3xTF32 products against all centroids (a second, persistent
-               launch over just those rows). Labels then equal those of an fp32 computation up to
+               too is re-searched with 3xTF32 products against all centroids (persistent
+               launches over just those rows, the centroids split into chunks across program
+               columns, then the rows' epilogue). Labels then equal those of an fp32 computation up to
                ties within fp32 rounding. For bf16 rows the centroids enter as two bf16 parts
                (two products per tile), which leaves few rows inside the bound.
   ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
@@ -725,9 +726,11 @@ class AssignPass:
     and changed labels (``part_inertia``, ``part_changed``, fully overwritten by every pass), the
     accumulators of the fused sums (``acc_sums`` (R, k, d) and ``acc_counts`` (R, k): R replicas
     for few clusters, so that programs do not queue on the same addresses) and the exact mode's
-    deferred-row list (``flag_count``, ``flag_rows``). The accumulators and ``flag_count`` must be
-    zero when a pass starts: each call clears them as part of the centroids' preparation, so a pass
-    is three launches (preparation, search, re-search) and can be captured in a CUDA graph.
+    deferred-row list (``flag_count``, ``flag_rows``, and ``research_keys``, one per listed row for
+    the re-search split into centroid chunks). The accumulators and ``flag_count`` must be zero when
+    a pass starts: each call clears them as part of the centroids' preparation (the search clears
+    the keys of the rows it lists), so a pass is three or four launches (preparation, search,
+    chunked re-search, re-search epilogue) and can be captured in a CUDA graph.
     """
 
     def __init__(self, x: torch.Tensor, k: int, precision: str, *, update: bool,
