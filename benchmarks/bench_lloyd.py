@@ -167,7 +167,7 @@ SWEEP = {  # workload: candidate "BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,
 }
 
 # The exact mode's re-search of deferred rows (tf32x3, every centroid): a few thousand rows make few
-# row tiles, so smaller tiles occupy more SMs.
+# row tiles, so smaller tiles or more centroid chunks occupy more SMs.
 # "config/chunks": TORCHKM_RECHECK_CONFIG and TORCHKM_RESEARCH_CHUNKS (centroid chunks of the re-search).
 RECHECK_SWEEP = [f"{cfg}/{chunks}" for cfg in ["128,128,32,8,4,1", "64,64,32,4,3,1", "64,128,64,4,3,1"]
                  for chunks in [1, 4, 8, 16]]

@@ -127,6 +127,19 @@ def check(library: str, x: torch.Tensor, codebook: torch.Tensor, dtype: torch.dt
     return out
 
 
+def host_and_wall_ms(fn, steps: int, warmup: int = 3) -> tuple[float, float]:
+    """ms per call of ``fn`` on the host (until the launches are issued) and in all (until the GPU is done)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    host = (time.perf_counter() - t0) / steps * 1e3
+    torch.cuda.synchronize()
+    return host, (time.perf_counter() - t0) / steps * 1e3
+
+
 def profile(n: int, dim: int, k: int, precision: str, dtype: torch.dtype, steps: int = 20) -> None:
     """Host and GPU time per step of the torchkm layer, and the profiler's top entries for both."""
     from torch.profiler import ProfilerActivity
@@ -135,15 +148,7 @@ def profile(n: int, dim: int, k: int, precision: str, dtype: torch.dtype, steps:
     x = torch.randn(n, dim, device="cuda", dtype=dtype).requires_grad_(True)
     layer = make_layer(f"torchkm-{precision}", torch.randn(k, dim, device="cuda"))
     step = step_fn(layer, x, dtype)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    host = (time.perf_counter() - t0) / steps * 1e3
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / steps * 1e3
+    host, wall = host_and_wall_ms(step, steps)
     print(f"\nprofile {n:,} x {dim}, {k:,} {precision} {dtype}: host {host:.3f} ms/step (launch side), wall {wall:.3f} ms/step")
     # Where the host's time goes, by Python function (cProfile's own overhead inflates small calls).
     host_profile = cProfile.Profile()

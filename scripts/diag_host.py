@@ -5,7 +5,8 @@ calls grouped by stack.
     python scripts/diag_host.py [--n 32768 --d 256 --k 8192]
 """
 import argparse
-import time
+import os
+import sys
 import traceback
 import warnings
 
@@ -14,6 +15,9 @@ from torch._library.triton import set_wrap_triton_enabled
 
 from torchkm import _ops
 from torchkm.nn import VectorQuantizer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from bench_vq import host_and_wall_ms
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--n", type=int, default=32768)
@@ -25,15 +29,7 @@ c = torch.randn(args.k, args.d, device="cuda")
 
 
 def timed(fn, reps: int = 50) -> str:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    host = (time.perf_counter() - t0) / reps * 1e3
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / reps * 1e3
+    host, wall = host_and_wall_ms(fn, reps, warmup=5)
     return f"host {host:.3f} ms, wall {wall:.3f} ms"
 
 
