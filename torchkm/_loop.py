@@ -350,7 +350,7 @@ def lloyd(
                 return _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol,
                                          _GRAPH_BLOCK if graphs else 1, graphs, comm.sum_ if comm.active else None)
             return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data),
-                                      _Hybrid.full_passes if hybrid is not None else 1)
+                                      _Hybrid.full_passes if hybrid is not None else 1, _GRAPH_BLOCK if graphs else 1)
 
         engine = make_engine(kind, c)
     engine_iterations = 0
@@ -366,15 +366,16 @@ def lloyd(
                 block = min(engine.block, max_iter - it)
                 engine.run_block(block)
                 rows = engine.read(block)
-            info = getattr(engine, "info", None)  # pruned engines describe their pass
+            # Pruned engines describe their passes.
+            infos = getattr(engine, "infos", None) or [getattr(engine, "info", None)] * len(rows)
         else:
-            info = None
+            infos = [None]
             step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight, comm, deterministic)
             rows = [device_stats.tolist()]
         seconds = (time.perf_counter() - t0) / len(rows)
         engine_iterations += len(rows)
         switch_to = None
-        for inertia_f, shift_f, changed_f, empty_f in rows:
+        for (inertia_f, shift_f, changed_f, empty_f), info in zip(rows, infos):
             if engine is not None:
                 labels, sums, counts, old_c, new_c = engine.labels, engine.sums, engine.counts, engine.c_old, engine.c
                 sq = None

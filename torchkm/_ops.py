@@ -213,12 +213,12 @@ def lloyd_engine(
 
 def pruned_engine(
     data: DataView, centroids: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor | None, tol: float,
-    kind: str, graphs: bool, full_passes: int = 1,
+    kind: str, graphs: bool, full_passes: int = 1, block: int = 1,
 ):
     """A pruned Lloyd engine of ``torchkm._kernels.prune``: ``kind="pruned"`` the bounds engine
-    (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph;
-    its first ``full_passes`` passes search every row), ``"triangle"`` seed 000's scan with workload
-    reordering."""
+    (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph, in
+    blocks of ``block`` passes; its first ``full_passes`` passes search every row), ``"triangle"``
+    seed 000's scan with workload reordering."""
     from ._kernels.prune import BoundsEngine, TriangleEngine
 
     inputs = _kernel_inputs(data)
@@ -227,7 +227,7 @@ def pruned_engine(
     if kind == "triangle":
         return TriangleEngine(data.x, centroids, labels, **common)
     return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, full_passes=full_passes,
-                        **common)
+                        block=block, **common)
 
 
 def bounds_supported(data: DataView) -> bool:

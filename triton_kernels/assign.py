@@ -48,13 +48,19 @@ import triton.language as tl
 
 from ._common import (
     UPDATE_ATOMIC,
+    UPDATE_CARRY,
     UPDATE_NONE,
     UPDATE_ONEHOT,
     accumulate_rows,
+    carries,
+    carry_rows,
+    carry_width,
+    flush_carry,
     launcher,
     load_rows,
     onehot_max_k,
     onehot_width,
+    persistent_grid,
     unused,
 )
 from .centroids import _round_tf32, prepare_centroids
@@ -69,8 +75,8 @@ def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, replica,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
+    n, k, d, stride_xn, stride_xd, bound_coef, replica, acc_sums, acc_counts,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
@@ -82,7 +88,7 @@ def _tile(
         rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
     else:
         # 64-bit row offsets: n * stride can pass 2^31 elements.
-        rows = t.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows = (tl.zeros((BLOCK_N,), tl.int64) + t) * BLOCK_N + tl.arange(0, BLOCK_N)  # t may be a Python int (interpreter)
         row_mask = rows < n
     if HAS_SCALE:
         scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
@@ -311,7 +317,10 @@ def _tile(
             lower = tl.maximum(lower + x_sq, 0.0)
             tl.store(lower_ptr + rows, tl.where(flag, 0.0, lower), mask=row_mask)
         label64 = label.to(tl.int64)
-        if UPDATE != 0:
+        if UPDATE == 3:
+            acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
+                                               stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
+        elif UPDATE != 0:
             for d0 in range(0, d, EPI_D):
                 dims = d0 + epi_dims
                 dim_mask = dims < d
@@ -330,9 +339,12 @@ def _tile(
                          other=0.0)
             diff = xr - cr
             sq_dist += tl.sum(diff * diff, axis=1)
-            if UPDATE != 0:
+            if UPDATE == 1 or UPDATE == 2:
                 accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
                                 dim_mask, d0 == 0, k, d, KP, UPDATE)
+        if UPDATE == 3:
+            acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
+                                               stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
     # prev is read before labels are written, and deferred rows are written only by the re-search,
     # so labels may overwrite prev_labels in place.
     if HAS_PREV:
@@ -344,7 +356,16 @@ def _tile(
     if STORE_SQ_DIST:
         tl.store(sq_dist_ptr + rows, sq_dist, mask=done)
     inertia = tl.sum(tl.where(done, sq_dist * w, 0.0), axis=0)
-    return inertia, changed
+    return inertia, changed, acc_sums, acc_counts
+
+
+@triton.jit
+def _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn, stride_xd, offset_ptr, scale, d,
+                KP: tl.constexpr, DP: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
+    # The whole row at once (DP <= 64, see ``carries``), again from cache.
+    dims = tl.arange(0, DP)
+    xr = load_rows(x_ptr, rows, row_mask, dims, dims < d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+    return carry_rows(acc_sums, acc_counts, label64, w, xr, KP)
 
 
 @triton.jit
@@ -421,7 +442,7 @@ def _assign_kernel(
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
@@ -437,7 +458,7 @@ def _assign_kernel(
                          labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base,
                          n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
-                         BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
+                         BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
 
 
@@ -448,7 +469,7 @@ def _assign_programs(
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base,
     n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
@@ -459,27 +480,39 @@ def _assign_programs(
     # One accumulator buffer, the counts after the sums (see AssignPass).
     sums_ptr = acc_ptr
     counts_ptr = acc_ptr + counts_offset
+    # UPDATE == 3: the program's partial sums, carried across its tiles (unused otherwise).
+    acc_sums = tl.zeros((KP, DP), tl.float32)
+    acc_counts = tl.zeros((KP,), tl.float32)
+    inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
+    changed = tl.sum(tl.zeros((1,), tl.int64), axis=0)
     if HAS_ROW_INDEX:
         # Persistent over a row list whose length is only known on the device (no host sync).
         row_count = tl.load(row_count_ptr)
-        inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
-        changed = tl.sum(tl.zeros((1,), tl.int64), axis=0)
-        for t in range(pid, tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
-            i, c = _tile(t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
-                         c_norm_ptr, row_index_ptr, row_count,
-                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
-                         n, k, d, stride_xn, stride_xd, bound_coef, replica,
-                         BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
+        n_tiles = tl.cdiv(row_count, BLOCK_N)
+    else:
+        row_count = 0
+        n_tiles = tl.cdiv(n, BLOCK_N)
+    if HAS_ROW_INDEX or UPDATE == 3:
+        for t in range(pid, n_tiles, tl.num_programs(0)):
+            i, c, acc_sums, acc_counts = _tile(
+                t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+                c_norm_ptr, row_index_ptr, row_count,
+                labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
+                n, k, d, stride_xn, stride_xd, bound_coef, replica, acc_sums, acc_counts,
+                BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
+                STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
             inertia += i
             changed += c
+        if UPDATE == 3:
+            flush_carry(sums_ptr + replica * k * d, counts_ptr + replica * k, acc_sums, acc_counts, k, d, KP, DP)
     else:
-        inertia, changed = _tile(pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
-                                 c_norm_ptr, row_index_ptr, 0,
-                                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
-                                 n, k, d, stride_xn, stride_xd, bound_coef, replica,
-                                 BLOCK_N, BLOCK_K, BLOCK_D, KP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
+        inertia, changed, acc_sums, acc_counts = _tile(
+            pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+            c_norm_ptr, row_index_ptr, 0,
+            labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
+            n, k, d, stride_xn, stride_xd, bound_coef, replica, acc_sums, acc_counts,
+            BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
+            STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -749,6 +782,9 @@ class AssignPass:
             self.update, n_replicas = UPDATE_NONE, 1
         elif k > onehot_max_k(d):
             self.update, n_replicas = UPDATE_ATOMIC, 1
+        elif carries(k, d) and not self.small_d:
+            # Each program adds its sums once (persistent programs, see ``carries``): no queueing.
+            self.update, n_replicas = UPDATE_CARRY, 1
         else:
             self.update = UPDATE_ONEHOT
             # The small-d kernel keeps its sums in registers until its programs end: no replicas.
@@ -777,6 +813,8 @@ class AssignPass:
             cfg["EAGER"] = bool(cfg.get("EAGER", False) and not cfg["SWAP"])
             self.cfg = cfg
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
+            if self.update == UPDATE_CARRY:
+                self.main_grid = persistent_grid(self.main_grid, num_persistent_programs(device))
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
             if self.check:
                 self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3"), "SWAP": False}
@@ -862,7 +900,8 @@ class AssignPass:
             acc_ptr=self.acc if accumulate else spare("acc"), counts_offset=self.counts_offset,
             part_inertia_ptr=self.part_inertia, part_changed_ptr=self.part_changed,
             n=n, k=self.k, d=d, stride_xn=x.stride(0), stride_xd=x.stride(1), n_replicas=self.n_replicas, **control_args,
-            KP=onehot_width(self.k) if self.update == UPDATE_ONEHOT else 16,
+            KP=onehot_width(self.k) if self.update in (UPDATE_ONEHOT, UPDATE_CARRY) else 16,
+            DP=carry_width(d) if self.update == UPDATE_CARRY else 16,
             HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
             STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=self.update,
         )

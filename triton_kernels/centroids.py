@@ -31,6 +31,21 @@ def _round_tf32(v):
 
 
 @triton.jit
+def block_frozen(control_ptr, stats_prev_ptr, iteration, tol, CHECK_STOP: tl.constexpr):
+    """Whether this iteration of a replayed block is frozen (see ``prepare_centroids``)."""
+    frozen = tl.load(control_ptr) != 0
+    if CHECK_STOP:
+        # Later iterations of a replayed block freeze once the previous one met a stopping rule
+        # (the host then stops there, or relocates empty clusters), or past the block's budget.
+        changed = tl.load(stats_prev_ptr + 2)
+        shift = tl.load(stats_prev_ptr + 1)
+        empty = tl.load(stats_prev_ptr + 3)
+        stop = ((changed == 0) & (empty == 0)) | (shift <= tol) | (empty > 0)
+        frozen = frozen | stop | (iteration >= tl.load(control_ptr + 1))
+    return frozen
+
+
+@triton.jit
 def _prepare_kernel(
     c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
     zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64,
@@ -42,17 +57,9 @@ def _prepare_kernel(
 ):
     pid = tl.program_id(0)
     if HAS_CONTROL:
-        frozen = tl.load(control_ptr) != 0
-        if CHECK_STOP:
-            # Later iterations of a replayed block freeze once the previous one met a stopping rule
-            # (the host then stops there, or relocates empty clusters), or past the block's budget.
-            changed = tl.load(stats_prev_ptr + 2)
-            shift = tl.load(stats_prev_ptr + 1)
-            empty = tl.load(stats_prev_ptr + 3)
-            stop = ((changed == 0) & (empty == 0)) | (shift <= tol) | (empty > 0)
-            frozen = frozen | stop | (iteration >= tl.load(control_ptr + 1))
-            if pid == 0:
-                tl.store(control_ptr, frozen.to(tl.int32))
+        frozen = block_frozen(control_ptr, stats_prev_ptr, iteration, tol, CHECK_STOP)
+        if CHECK_STOP and pid == 0:
+            tl.store(control_ptr, frozen.to(tl.int32))
     else:
         frozen = False
     if not frozen:

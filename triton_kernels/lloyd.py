@@ -21,9 +21,16 @@ import torch
 from .assign import AssignPass
 from .centroids import finish_update
 
-__all__ = ["LloydEngine"]
+__all__ = ["LloydEngine", "device_tol"]
 
 logger = logging.getLogger("torchkm")
+
+
+def device_tol(tol: float) -> float:
+    """``tol`` as the device compares it: blocks freeze when shift <= tol in fp32, and rounding tol
+    up there means they freeze whenever the host (in float64) would stop."""
+    tol32 = np.float32(tol) if math.isfinite(tol) else np.float32(-1.0)
+    return float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
 
 
 class LloydEngine:
@@ -54,10 +61,7 @@ class LloydEngine:
         # control = [frozen, iterations allowed]; row r of the table starts a block of r iterations.
         self.control = torch.zeros(2, dtype=torch.int32, device=device)
         self._control_rows = torch.tensor([[0, r] for r in range(block + 1)], dtype=torch.int32, device=device)
-        # The device freezes when shift <= tol in fp32; rounding tol up there means it freezes
-        # whenever the host (in float64) would stop.
-        tol32 = np.float32(tol) if math.isfinite(tol) else np.float32(-1.0)
-        self.tol_device = float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
+        self.tol_device = device_tol(tol)
         self._use_graphs = graphs and x.device.type == "cuda" and all_reduce is None  # elsewhere blocks run eagerly
         self.all_reduce = all_reduce
         self._summed_stats = torch.tensor([0, 2], device=device)  # inertia and changed add up over shards

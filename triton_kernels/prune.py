@@ -40,16 +40,22 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    UPDATE_CARRY,
     UPDATE_NONE,
     UPDATE_ONEHOT,
     accumulate_rows,
+    carries,
+    carry_rows,
+    flush_carry,
     launcher,
     load_rows,
     onehot_width,
+    persistent_grid,
 )
 from .assign import SMALL_D, AssignPass
-from .centroids import finish_update
-from .configs import assign_config
+from .centroids import block_frozen, finish_update
+from .configs import assign_config, num_persistent_programs
+from .lloyd import device_tol
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -353,25 +359,71 @@ class TriangleEngine:
 def _settle_kernel(
     x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_ptr, shift_top_ptr,
     active_rows_ptr, active_count_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_base,
+    control_ptr, stats_prev_ptr, iteration, tol,
+    n, k, d, stride_xn, stride_xd, n_replicas, margin,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
+    HAS_CONTROL: tl.constexpr, CHECK_STOP: tl.constexpr,
+):
+    go = True
+    if HAS_CONTROL:
+        # This runs before the iteration's preparation, which sets the frozen flag: same rule.
+        go = block_frozen(control_ptr, stats_prev_ptr, iteration, tol, CHECK_STOP) == 0
+    if go:
+        _settle_programs(
+            x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_top_ptr,
+            active_rows_ptr, active_count_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_base,
+            n, k, d, stride_xn, stride_xd, n_replicas, margin,
+            BLOCK_N, BLOCK_D, KP, ONE_CHUNK, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, UPDATE)
+
+
+@triton.jit
+def _settle_programs(
+    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_top_ptr,
+    active_rows_ptr, active_count_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_base,
     n, k, d, stride_xn, stride_xd, n_replicas, margin,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
-    sums_ptr = acc_ptr  # the assignment pass's accumulators (see AssignPass)
-    counts_ptr = acc_ptr + counts_offset
-    rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    sums_ptr = acc_ptr + replica * k * d  # the assignment pass's accumulators (see AssignPass)
+    counts_ptr = acc_ptr + counts_offset + replica * k
+    # The other centroids moved by at most the largest shift but the row's own centroid's.
+    top1 = tl.load(shift_top_ptr)
+    top2 = tl.load(shift_top_ptr + 1)
+    top_index = tl.load(shift_top_ptr + 2).to(tl.int64)
+    # UPDATE == 3: the program's partial sums, carried across its tiles (unused otherwise).
+    acc_sums = tl.zeros((KP, BLOCK_D), tl.float32)
+    acc_counts = tl.zeros((KP,), tl.float32)
+    inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
+    for t in range(pid, tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
+        i, acc_sums, acc_counts = _settle_tile(
+            t, x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, active_rows_ptr,
+            active_count_ptr, sums_ptr, counts_ptr, acc_sums, acc_counts, top1, top2, top_index,
+            n, k, d, stride_xn, stride_xd, margin,
+            BLOCK_N, BLOCK_D, KP, ONE_CHUNK, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, UPDATE)
+        inertia += i
+    if UPDATE == 3:
+        flush_carry(sums_ptr, counts_ptr, acc_sums, acc_counts, k, d, KP, BLOCK_D)
+    tl.store(part_inertia_ptr + part_base + pid, inertia)
+
+
+@triton.jit
+def _settle_tile(
+    t, x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, active_rows_ptr,
+    active_count_ptr, sums_ptr, counts_ptr, acc_sums, acc_counts, top1, top2, top_index,
+    n, k, d, stride_xn, stride_xd, margin,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
+):
+    rows = (tl.zeros((BLOCK_N,), tl.int64) + t) * BLOCK_N + tl.arange(0, BLOCK_N)  # t may be a Python int (interpreter)
     row_mask = rows < n
     if HAS_SCALE:
         scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
     else:
         scale = tl.full((BLOCK_N,), 1.0, tl.float32)
     label = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-    # The other centroids moved by at most the largest shift but the row's own centroid's.
-    top1 = tl.load(shift_top_ptr)
-    top2 = tl.load(shift_top_ptr + 1)
-    top_index = tl.load(shift_top_ptr + 2).to(tl.int64)
     moved = tl.where(label == top_index, top2, top1)
     lower = tl.sqrt(tl.load(lower_ptr + rows, mask=row_mask, other=0.0))
     lower = tl.maximum(lower * (1.0 - margin) - moved * (1.0 + margin), 0.0)
@@ -405,18 +457,18 @@ def _settle_kernel(
     else:
         w = tl.full((BLOCK_N,), 1.0, tl.float32)
     w = tl.where(settled, w, 0.0)
-    tl.store(part_inertia_ptr + part_base + pid, tl.sum(sq * w, axis=0))
-    if UPDATE != 0:
+    if UPDATE == 3:  # ONE_CHUNK: the row tile is still in registers
+        acc_sums, acc_counts = carry_rows(acc_sums, acc_counts, label, w, xr, KP)
+    elif UPDATE != 0:
         if ONE_CHUNK:
-            accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label, w, settled, xr, dims0,
-                            dims0 < d, True, k, d, KP, UPDATE)
+            accumulate_rows(sums_ptr, counts_ptr, label, w, settled, xr, dims0, dims0 < d, True, k, d, KP, UPDATE)
         else:
             for d0 in range(0, d, BLOCK_D):
                 dims = d0 + dims0
                 xr = load_rows(x_ptr, rows, row_mask, dims, dims < d, stride_xn, stride_xd, offset_ptr, scale,
                                HAS_OFFSET, HAS_SCALE)
-                accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label, w, settled, xr, dims,
-                                dims < d, d0 == 0, k, d, KP, UPDATE)
+                accumulate_rows(sums_ptr, counts_ptr, label, w, settled, xr, dims, dims < d, d0 == 0, k, d, KP, UPDATE)
+    return tl.sum(sq * w, axis=0), acc_sums, acc_counts
 
 
 def settle_reference(
@@ -450,18 +502,26 @@ class BoundsEngine:
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
         row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None,
-        normalize: bool, tol: float, graphs: bool = False, full_passes: int = 1,
+        normalize: bool, tol: float, graphs: bool = False, full_passes: int = 1, block: int = 1,
     ):
         n, d = x.shape
         k = centroids.shape[0]
         if d <= SMALL_D:
             raise ValueError(f"the bounds engine needs d > {SMALL_D} (the exact tensor-core pass), got d={d}")
         device = x.device
-        self.block, self.tol_device, self.normalize = 1, tol, normalize
+        # ``block``: once the first settle pass has run, settle passes run in blocks of this many
+        # (``run_block``, one host sync per block), frozen on the device past a stopping rule like
+        # the dense engine's. With ``graphs``, every settle pass after the first replays one
+        # captured pass (a block is a few replays, not a graph of a whole block: capturing one
+        # costs the host as much as running it, more than short fits gain).
+        self.block, self.block_size, self.normalize = 1, max(1, block), normalize
+        self.tol_device = device_tol(tol)
         self.x, self.labels = x, labels
         self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
         self.settle_block = 128
         self.settle_grid = triton.cdiv(n, self.settle_block)
+        if carries(k, d):  # the settle pass carries its sums like the assignment pass (see ``carries``)
+            self.settle_grid = persistent_grid(self.settle_grid, num_persistent_programs(device))
         # The row-oriented search: the transposed one was not measured (nor run on a GPU) with the
         # lower bounds and row lists of this engine.
         self.assign_pass = AssignPass(x, k, "exact", update=True, extra_partials=self.settle_grid,
@@ -471,11 +531,22 @@ class BoundsEngine:
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
         self.counts = torch.empty(k, dtype=torch.float32, device=device)
         self.stats = torch.zeros(1, 4, dtype=torch.float64, device=device)
+        self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
+        # A pass ends by writing its record, [inertia, shift, changed, empty, rows searched, rows
+        # deferred], and its statistics into ``stats_prev``, which the next pass of a block checks
+        # (see ``prepare_centroids``); the host copies each record into ``log``.
+        self.record = torch.zeros(6, dtype=torch.float64, device=device)
+        self.log = torch.zeros(self.block_size, 6, dtype=torch.float64, device=device)
+        self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
+        self.control = torch.zeros(2, dtype=torch.int32, device=device)
+        # Before a block: not frozen, any iteration allowed, and a previous pass that stops nothing.
+        self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
+        self._go_control = torch.tensor([0, 1], dtype=torch.int32, device=device)
         self.sq_dist = torch.empty(n, dtype=torch.float32, device=device)
         self.lower = torch.zeros(n, dtype=torch.float32, device=device)
         self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
-        self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
         self.info: PassInfo | None = None
+        self.infos: list[PassInfo] = []  # one per row of the last ``read``
         # The first ``full_passes`` passes (at least one: the bounds come from it) search every row.
         self._full_left = max(1, full_passes)
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
@@ -499,6 +570,8 @@ class BoundsEngine:
             self._full_left = max(1, self._full_left)
         if self._full_left:
             self._full_left -= 1
+            if self._settle_passes and not self._full_left:  # a requested full pass: blocks resume
+                self.block = self.block_size
             if self._full_graph is not None and has_prev:
                 # A later full pass (the hybrid's dense reference) replays like the settle passes, so
                 # that its wall time compares with theirs.
@@ -531,27 +604,7 @@ class BoundsEngine:
             self._full_passes_eager += int(has_prev)
             self.last_pass = "full"
             return
-        if self._graph is not None:
-            self._graph.replay()
-            self.last_pass = "replay"
-            return
-        if self._use_graphs and self._settle_passes >= 1:
-            graph = torch.cuda.CUDAGraph()
-            self.last_pass = "capture"
-            try:
-                with torch.cuda.graph(graph):
-                    self._settle_pass()
-            except RuntimeError as err:  # capture unsupported here: stay eager
-                logger.debug("CUDA graph capture of the settle pass failed (%s)", err)
-                self._use_graphs = False
-                self._settle_pass()
-                return
-            self._graph = graph
-            graph.replay()
-            return
-        self.last_pass = "first" if self._settle_passes == 0 else "eager"
-        self._settle_pass()
-        self._settle_passes += 1
+        self._settle_passes_run(1)
 
     def _full_pass(self, has_prev: bool) -> None:
         """Search every row (a dense pass), recording each row's bound."""
@@ -560,11 +613,13 @@ class BoundsEngine:
         self.active_count.fill_(self.x.shape[0])
         p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
           sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
-        self._finish()
+        self._finish(None)
+        self.log[0].copy_(self.record)
 
     def request_full_pass(self) -> None:
         """Make the next pass search every row (a dense Lloyd iteration, timed on the device)."""
         self._full_left = max(1, self._full_left)
+        self.block = 1  # ``iterate`` runs it; blocks of settle passes resume after it
 
     def _settle_pass(self) -> None:
         p = self.assign_pass
@@ -578,9 +633,11 @@ class BoundsEngine:
         shift_top = torch.zeros(3, dtype=torch.float32, device=self.x.device)
         shift_top[: top.values.numel()] = top.values
         shift_top[2] = top.indices[0].to(torch.float32)
+        # In a frozen pass the kernels do nothing, and what these clear is not read.
         self.active_count.zero_()
         p.acc.zero_()
-        # The one-hot pre-reduction of few clusters spills registers on wide chunks.
+        # The one-hot pre-reduction of few clusters spills registers on wide chunks (the carried one
+        # holds only the partial sums: see ``carries``).
         one_chunk = d <= 64 and p.update != UPDATE_ONEHOT
         block_d = max(16, triton.next_power_of_2(d)) if one_chunk else (16 if p.update == UPDATE_ONEHOT else 32)
         dummy = torch.empty(1, dtype=torch.float32, device=self.x.device)
@@ -590,30 +647,83 @@ class BoundsEngine:
             dummy if inp["sample_weight"] is None else inp["sample_weight"],
             self.labels, self.sq_dist, self.lower, shifts, shift_top, self.active_rows, self.active_count,
             p.acc, p.counts_offset, p.part_inertia, p.extra_base,
+            self.control, self.stats_prev, 0, self.tol_device,
             n, k, d, self.x.stride(0), self.x.stride(1), p.n_replicas, distance_margin(d),
-            BLOCK_N=self.settle_block, BLOCK_D=block_d, KP=onehot_width(k) if p.update == 1 else 16,
+            BLOCK_N=self.settle_block, BLOCK_D=block_d,
+            KP=onehot_width(k) if p.update in (UPDATE_ONEHOT, UPDATE_CARRY) else 16,
             ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None, HAS_SCALE=inp["row_scale"] is not None,
-            HAS_WEIGHT=inp["sample_weight"] is not None, UPDATE=p.update, num_warps=4,
+            HAS_WEIGHT=inp["sample_weight"] is not None, UPDATE=p.update, HAS_CONTROL=True, CHECK_STOP=True,
+            num_warps=4,
         )
         # The accumulators already hold the settled rows: the preparation must not clear them.
         p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
-          zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False)
-        self._finish()
+          zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
+          control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device)
+        self._finish(self.control)
+        self.stats_prev.copy_(self.stats[0])
 
-    def _finish(self) -> None:
+    def _settle_passes_run(self, passes: int) -> None:
+        """``passes`` settle passes without a host sync, each record into ``log``: the first one
+        eagerly (it compiles), the second captured as a CUDA graph (with ``graphs``), later ones
+        replaying it."""
+        self.control.copy_(self._go_control)
+        self.stats_prev.copy_(self._go)
+        kinds = set()
+        for i in range(passes):
+            if self._graph is not None:
+                self._graph.replay()
+                self.last_pass = "replay"
+            elif self._use_graphs and self._settle_passes >= 1:
+                graph = torch.cuda.CUDAGraph()
+                self.last_pass = "capture"
+                try:
+                    with torch.cuda.graph(graph):
+                        self._settle_pass()
+                except RuntimeError as err:  # capture unsupported here: stay eager
+                    logger.debug("CUDA graph capture of the settle pass failed (%s)", err)
+                    self._use_graphs = False
+                    self._settle_pass()
+                else:
+                    self._graph = graph
+                    graph.replay()
+            else:
+                self.last_pass = "first" if self._settle_passes == 0 else "eager"
+                self._settle_pass()
+            self._settle_passes += 1
+            self.log[i].copy_(self.record)
+            kinds.add(self.last_pass)
+        if len(kinds) > 1:  # a block's passes share its wall time: timed like replays only if all were
+            self.last_pass = "capture" if "capture" in kinds else "eager"
+        # Later settle passes run in blocks (``run_block``), where asked for.
+        self.block = self.block_size
+
+    def run_block(self, iterations: int) -> None:
+        """Up to ``iterations`` (<= ``block_size``) settle passes with one host sync (at the ``read``):
+        a pass after one that met a stopping rule, or left a cluster empty, does nothing."""
+        self._settle_passes_run(iterations)
+
+    def _finish(self, control: torch.Tensor | None) -> None:
         p = self.assign_pass
         finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
-                      normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts)
+                      normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
+                      control=control)
+        self.record[:4].copy_(self.stats[0])
+        self.record[4:5].copy_(self.active_count)
+        self.record[5:6].copy_(p.flag_count)
 
     def read(self, rows: int) -> list[list[float]]:
-        p = self.assign_pass
-        values = torch.cat([self.stats[0], self.active_count.double(), p.flag_count.double()]).tolist()
+        """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
+        ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
+        values = self.log[:rows].tolist()
         if self._timing is not None:  # the sync above has passed the pass's end event
             self.full_pass_seconds.append(self._timing[0].elapsed_time(self._timing[1]) * 1e-3)
             self._timing = None
         n, k = self.x.shape[0], self.c.shape[0]
-        active, flagged = values[4], values[5]
-        block = p.cfg["BLOCK_N"]
-        tiles = math.ceil(active / block) * block
-        self.info = PassInfo(self.kernel, (active + flagged) * k, (tiles + flagged) * k, n, k)
-        return [values[:4]]
+        block = self.assign_pass.cfg["BLOCK_N"]
+        self.infos = []
+        for row in values:
+            active, flagged = row[4], row[5]
+            tiles = math.ceil(active / block) * block
+            self.infos.append(PassInfo(self.kernel, (active + flagged) * k, (tiles + flagged) * k, n, k))
+        self.info = self.infos[-1]
+        return [row[:4] for row in values]

@@ -57,10 +57,12 @@ def test_assign_matches_float64_on_odd_shapes(d, k, precision, search):
 
 
 @pytest.mark.parametrize("search", ["lazy", "swap"])
-@pytest.mark.parametrize("k", [5, 100])  # pre-reduced update over replicas, and per-row atomics
-@pytest.mark.parametrize("d", [3, 19])  # the small-d kernel, and the tensor-core kernel
+@pytest.mark.parametrize("k", [5, 100])  # one-hot pre-reduction, and per-row atomics
+# The small-d kernel; the tensor-core kernel with the one-hot partial sums carried across a
+# program's tiles (rows of <= 64 features), and with them added tile by tile (wider rows).
+@pytest.mark.parametrize("d", [3, 19, 65])
 def test_fused_update_matches_reference(k, d, search):
-    n = 300
+    n = 300  # several tiles per persistent program under the interpreter (4 programs)
     x, c = _data(n, d, k, seed=k)
     w = torch.rand(n, device=DEVICE)
     offset = torch.randn(d, device=DEVICE)

@@ -119,6 +119,44 @@ def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
         assert engine.info.skipped_bound > 0.5  # converging blobs: most rows settle
 
 
+@pytest.mark.parametrize("d,k", [(17, 7), (33, 70)])  # carried one-hot sums, and per-row atomics
+def test_bounds_engine_blocks_follow_the_dense_engine_and_freeze_where_it_stops(d, k):
+    """Settle passes run in blocks of 3 under the device's control (eagerly here; replayed as a
+    CUDA graph on a GPU): every pass's statistics equal the dense engine's, and a block stops where
+    a pass changed no label, leaving the state of that pass."""
+    from torchkm._kernels.lloyd import LloydEngine
+
+    n = 301
+    x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
+    norms = torch.linalg.vector_norm(x, dim=1)
+    common = {"offset": None, "row_scale": None, "raw_norms": norms, "sample_weight": None, "normalize": False,
+              "tol": 0.0}
+    engine = BoundsEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), block=3, **common)
+    dense = LloydEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), precision="exact", **common)
+    rows, dense_rows = [], []
+    for it in range(2):  # the full pass and the first settle pass run one by one
+        engine.iterate(has_prev=it > 0)
+        rows += engine.read(1)
+    assert engine.block == 3
+    while len(rows) < 40 and rows[-1][2] > 0:
+        engine.run_block(3)
+        block = engine.read(3)
+        assert len(engine.infos) == 3
+        for row in block:
+            rows.append(row)
+            if row[2] == 0:  # the device froze the rest of the block
+                break
+    assert rows[-1][2] == 0, "the fit should converge"
+    for it in range(len(rows)):
+        dense.iterate(has_prev=it > 0)
+        dense_rows += dense.read(1)
+    assert [r[2] for r in rows] == [r[2] for r in dense_rows]  # labels changed, pass by pass
+    np.testing.assert_allclose([r[0] for r in rows], [r[0] for r in dense_rows], rtol=1e-5)
+    np.testing.assert_array_equal(engine.labels.cpu().numpy(), dense.labels.cpu().numpy())
+    torch.testing.assert_close(engine.c, dense.c, rtol=1e-5, atol=1e-6)
+    assert engine.infos[0].skipped_bound > 0.2  # converging blobs: rows settle
+
+
 def test_bounds_engine_with_duplicates_ties_offset_and_weights():
     n, d, k = 257, 17, 9
     x, c = _clustered(n, d, k, seed=7, sigma=0.02)
