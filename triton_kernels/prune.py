@@ -25,7 +25,8 @@ Two engines with the interface of ``lloyd.LloydEngine`` (``iterate``, ``read``, 
 Exactness: the bounds carry relative margins larger than fp32 rounding, so a row is kept only when
 its own centroid is nearer than every other by more than the rounding of an fp32 distance; the
 search over the listed rows is the exact mode's. Labels then equal the dense exact pass's up to
-ties within fp32 rounding. Both engines synchronise once per pass (to read the statistics).
+ties within fp32 rounding. The triangle engine synchronises once per pass (to read the statistics),
+the bounds engine once per block of settle passes (``BoundsEngine.run_block``).
 """
 
 from __future__ import annotations
