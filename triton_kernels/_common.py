@@ -58,11 +58,12 @@ def onehot_width(k: int) -> int:
 def carries(k: int, d: int) -> bool:
     """Whether a pass keeps its one-hot partial sums in registers across its tiles (``UPDATE_CARRY``).
 
-    Per-tile atomics cost more than the rest of a pass over few clusters: with k = 32 and d = 32 a
-    tile of 128 rows issues 1,024 of them, and on an H200 a pass over 3.9M such rows took 1.6 ms with
-    its sums against 0.8 ms without (``scripts/diag_update.py``). Carried, a program adds
-    ``(k x d)`` values once. The partial lives in registers beside a whole row tile, so only for
-    rows of at most 64 features.
+    Added tile by tile, a tile of 128 rows issues k x d atomics (1,024 at k = d = 32) on the same
+    few addresses; carried, a (persistent) program adds its ``(k x d)`` partial once, at its end.
+    On an H200 the settle pass of 3.9M x 32, k = 32 went from 1.19 to 0.60 ms and a dense Lloyd
+    iteration there from 3.08 to 2.20 ms (``scripts/diag_prune.py``). The one-hot product itself
+    (fp32 FMAs) remains the larger cost of the sums (``scripts/diag_update.py``). The partial lives
+    in registers beside a whole row tile, so only for rows of at most 64 features.
     """
     return k <= onehot_max_k(d) and triton.next_power_of_2(d) <= 64
 
@@ -134,11 +135,11 @@ def accumulate_rows(sums_ptr, counts_ptr, labels, w, live, xr, dims, dim_mask, a
     """
     if MODE == 1:
         k_rows = tl.arange(0, KP)
-        onehot = (labels[:, None] == k_rows[None, :]).to(tl.float32)
-        part = onehot_sums(onehot, xr * w[:, None], tl.zeros((KP, xr.shape[1]), tl.float32))
+        part, part_counts = carry_rows(tl.zeros((KP, xr.shape[1]), tl.float32), tl.zeros((KP,), tl.float32),
+                                       labels, w, xr, KP)
         tl.atomic_add(sums_ptr + k_rows[:, None] * d + dims[None, :], part, mask=(k_rows < k)[:, None] & dim_mask[None, :], sem="relaxed")
         if add_counts:
-            tl.atomic_add(counts_ptr + k_rows, tl.sum(onehot * w[:, None], axis=0), mask=k_rows < k, sem="relaxed")
+            tl.atomic_add(counts_ptr + k_rows, part_counts, mask=k_rows < k, sem="relaxed")
     else:
         tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], xr * w[:, None], mask=live[:, None] & dim_mask[None, :], sem="relaxed")
         if add_counts:

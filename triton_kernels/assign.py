@@ -317,10 +317,7 @@ def _tile(
             lower = tl.maximum(lower + x_sq, 0.0)
             tl.store(lower_ptr + rows, tl.where(flag, 0.0, lower), mask=row_mask)
         label64 = label.to(tl.int64)
-        if UPDATE == 3:
-            acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
-                                               stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
-        elif UPDATE != 0:
+        if UPDATE == 1 or UPDATE == 2:
             for d0 in range(0, d, EPI_D):
                 dims = d0 + epi_dims
                 dim_mask = dims < d
@@ -342,9 +339,9 @@ def _tile(
             if UPDATE == 1 or UPDATE == 2:
                 accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
                                 dim_mask, d0 == 0, k, d, KP, UPDATE)
-        if UPDATE == 3:
-            acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
-                                               stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
+    if UPDATE == 3:
+        acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
+                                           stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
     # prev is read before labels are written, and deferred rows are written only by the re-search,
     # so labels may overwrite prev_labels in place.
     if HAS_PREV:
