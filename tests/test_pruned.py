@@ -92,47 +92,47 @@ def test_auto_keeps_small_problems_dense_and_matches(kernels):
     assert {h.kernel for h in got.history} == {"lloyd"}
 
 
-def test_auto_runs_pruned_then_falls_back_to_dense_when_slower(kernels, monkeypatch):
+def test_auto_starts_dense_tries_pruned_then_falls_back_when_slower(kernels, monkeypatch):
     from torchkm import _loop
 
     monkeypatch.setattr(_loop._Hybrid, "min_work", 0)
+    monkeypatch.setattr(_loop._Hybrid, "trial_share", float("inf"))  # try as soon as a dense pass is timed
     x = _seed000(640, 17, 16, 0.0125, 1)
     kw = {"init": "random", "random_state": 1, "tol": 0.0}
     ref = torchkm.fit(x, 16, **kw)
-    # Pruned passes never judged slower: the bounds engine runs the whole fit, its first passes full.
+    # Blocks of 2 where graphs are on. The dense engine's first timed iteration is the third either
+    # way: on the GPU the capture's replay, which ends the first block; on the CPU (blocks of one)
+    # the first eager iteration after the one that compiles.
+    monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)
+    dense = 3
+    # Pruned passes never judged slower: the bounds engine runs the rest of the fit, its first pass full.
     monkeypatch.setattr(_loop._Hybrid, "patience", 10**9)
     got = torchkm.fit(x, 16, algorithm="auto", **kw)
     _same_fit(got, ref)
-    assert {h.kernel for h in got.history} == {"pruned"}
-    full = _loop._Hybrid.full_passes
-    assert all(h.skipped_bound <= 0.0 for h in got.history[:full])
-    assert max(h.skipped_bound for h in got.history[full:]) > 0.5
-    # Where graphs are on, the third and fourth full passes capture and replay a graph.
-    if ON_GPU:
-        assert [h.skipped_bound <= 0.0 for h in got.history[:full + 1]] == [True] * full + [False]
-    # Told that a dense pass costs nothing, the hybrid hands the run to the dense engine for good
-    # (a pass whose skipped fraction still rose by more than the plateau would not count).
+    assert [h.kernel for h in got.history] == ["lloyd"] * dense + ["pruned"] * (got.n_iter - dense)
+    assert got.history[dense].skipped_bound <= 0.0  # the full pass that records the bounds
+    assert max(h.skipped_bound for h in got.history[dense + 1:]) > 0.5
+    # Told that a dense pass costs nothing, the hybrid hands the run back to the dense engine for
+    # good (a pass whose skipped fraction still rose by more than the plateau would not count).
     monkeypatch.setattr(_loop._Hybrid, "patience", 2)
     monkeypatch.setattr(_loop._Hybrid, "plateau", 2.0)
     real_after = _loop._Hybrid.after
 
-    def after(self, stats, engine):
-        if stats.kernel == "pruned" and engine.last_pass.startswith("full"):
-            engine.full_pass_seconds[:] = [0.0] * len(engine.full_pass_seconds)
-            stats = _loop.IterationStats(**{**stats.__dict__, "seconds": 0.0})
-        return real_after(self, stats, engine)
+    def after(self, stats, how, seconds, host_seconds):
+        switch = real_after(self, stats, how, seconds, host_seconds)
+        if self.dense_seconds is not None:
+            self.dense_seconds = 0.0
+        return switch
 
     monkeypatch.setattr(_loop._Hybrid, "after", after)
-    monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)  # blocks of 2 passes where graphs are on
-    x = _seed000(640, 17, 16, 0.3, 1)  # overlapping clusters: a fit long enough to switch
+    x = _seed000(640, 17, 16, 0.3, 1)  # overlapping clusters: a fit long enough to switch twice
     got = torchkm.fit(x, 16, algorithm="auto", **kw)
     _same_fit(got, torchkm.fit(x, 16, **kw))
     kernels_run = [h.kernel for h in got.history]
-    # The first settle pass (it compiles) is not judged. Where graphs are on, settle passes run in
-    # blocks: the first holds the capture and is not judged either, and the block in which patience
-    # runs out finishes before the dense engine takes over.
-    pruned = full + 1 + (2 + 2 if ON_GPU else 2)
-    assert kernels_run[:pruned] == ["pruned"] * pruned and set(kernels_run[pruned:]) == {"lloyd"}
+    # Not judged: the full pass and the first settle pass (it compiles). Where graphs are on, the
+    # block in which patience runs out finishes first (here it ends there).
+    pruned = 2 + 2
+    assert kernels_run == ["lloyd"] * dense + ["pruned"] * pruned + ["lloyd"] * (got.n_iter - dense - pruned)
 
 
 def test_pure_torch_engine_runs_dense_and_says_so(monkeypatch, caplog):
@@ -174,62 +174,45 @@ def test_sklearn_wrapper_maps_elkan_to_pruned():
     np.testing.assert_array_equal(est.labels_, SkKMeans(4, random_state=0, device="cpu").fit(x).labels_)
 
 
-class _FakeBoundsEngine:
-    def __init__(self):
-        self.last_pass, self.full_pass_seconds, self.requests = "", [], 0
-
-    def request_full_pass(self):
-        self.requests += 1
-
-
-def _judge(hybrid, engine, how, seconds, skipped=0.5):
+def _pass(hybrid, how, seconds, kernel="pruned", skipped=0.5, wall=1.0, host=None):
     from torchkm import _loop
 
-    engine.last_pass = how
-    stats = _loop.IterationStats(1, 0.0, 0.0, 0, 0, seconds, "pruned", skipped, skipped, 0.0)
-    return hybrid.after(stats, engine)
+    stats = _loop.IterationStats(1, 0.0, 0.0, 0, 0, wall, kernel, skipped, skipped, 0.0)
+    return hybrid.after(stats, how, seconds, host)
 
 
 def test_hybrid_decision_rules():
-    """The hybrid's bookkeeping alone: which passes are judged, against which reference, and when
-    it hands over (no kernels involved)."""
+    """The hybrid's bookkeeping alone: when it tries pruned passes, which passes are judged
+    against which reference, and when it hands back (no kernels involved)."""
     from torchkm import _loop
     from torchkm._reference import DataView
 
     data = DataView(torch.zeros(4096, 64), torch.float32)
     hybrid = _loop._Hybrid(data, 1024)
     hybrid.done = False  # the CPU engine has no bounds: judge as if it had
-    engine = _FakeBoundsEngine()
-    engine.full_pass_seconds.append(9.0)
-    assert _judge(hybrid, engine, "full", 0.0) is None and hybrid.dense_seconds == 9.0
-    assert _judge(hybrid, engine, "full-capture", 50.0) is None and hybrid.dense_seconds == 9.0
-    assert _judge(hybrid, engine, "full-replay", 1.0) is None and hybrid.dense_seconds == 1.0
-    engine.full_pass_seconds.append(7.0)
-    assert _judge(hybrid, engine, "full", 0.0) is None and hybrid.dense_seconds == 1.0  # replays win
-    for how in ("first", "capture"):  # compiling and capturing: never judged
-        assert _judge(hybrid, engine, how, 100.0) is None and hybrid.judged == 0
+    # Dense iterations: the fastest timed one is the reference; the eager and captured ones say what
+    # a trial's host-bound passes cost (3 x 0.5 s here), and the trial waits for 20 x that spent.
+    assert _pass(hybrid, "initial", None, "lloyd", wall=5.0) is None and hybrid.dense_seconds is None
+    assert _pass(hybrid, "first", None, "lloyd", wall=5.0) is None
+    assert _pass(hybrid, "capture", 2.0, "lloyd", wall=5.0, host=0.5) is None
+    assert hybrid.dense_seconds == 2.0 and hybrid.trial_cost == pytest.approx(1.5)
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=5.0) is None and hybrid.dense_seconds == 1.0
+    assert _pass(hybrid, "replay", 3.0, "lloyd", wall=5.0) is None and hybrid.dense_seconds == 1.0
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=4.5) is None  # 29.5 s spent: not yet
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=0.5) == "pruned" and hybrid.trying
+    # Dense rows left in the block, the full pass and the first settle pass: never judged.
+    assert _pass(hybrid, "replay", 9.0, "lloyd") is None
+    for how in ("full", "first"):
+        assert _pass(hybrid, how, None) is None and hybrid.judged == 0
     # Slower, but the skipped fraction still rises: the bounds are settling in, not counted.
     for skipped in (0.1, 0.3, 0.5, 0.7):
-        assert _judge(hybrid, engine, "replay", 2.0, skipped) is None
+        assert _pass(hybrid, "replay", 2.0, skipped=skipped) is None
     assert hybrid.slow == 0
-    # Faster passes reset the count; three slower ones on a plateau hand over, for good.
-    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
-    assert _judge(hybrid, engine, "replay", 0.5, 0.7) is None and hybrid.slow == 0
-    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
-    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
-    assert _judge(hybrid, engine, "replay", 2.0, 0.7) == "lloyd" and hybrid.done
-    assert _judge(hybrid, engine, "replay", 2.0, 0.7) is None
-    assert engine.requests == 0  # fewer than refresh_every judged passes
-
-
-def test_hybrid_renews_its_reference_every_refresh_every_passes():
-    from torchkm import _loop
-    from torchkm._reference import DataView
-
-    hybrid = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024)
-    hybrid.done = False
-    engine = _FakeBoundsEngine()
-    _judge(hybrid, engine, "full-replay", 1.0)
-    for _ in range(2 * hybrid.refresh_every):
-        assert _judge(hybrid, engine, "replay", 0.5) is None
-    assert engine.requests == 2
+    # Faster passes reset the count; three slower ones on a plateau hand back, for good.
+    assert _pass(hybrid, "capture", 2.0, skipped=0.7) is None
+    assert _pass(hybrid, "replay", 0.5, skipped=0.7) is None and hybrid.slow == 0
+    assert _pass(hybrid, "replay", 2.0, skipped=0.7) is None
+    assert _pass(hybrid, "replay", 2.0, skipped=0.7) is None
+    assert _pass(hybrid, "replay", 2.0, skipped=0.7) == "lloyd" and hybrid.done
+    assert _pass(hybrid, "replay", 2.0, skipped=0.7) is None
+    assert _pass(hybrid, "replay", 0.1, "lloyd") is None

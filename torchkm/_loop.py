@@ -208,9 +208,9 @@ def _iterate(
     return step, new_c, stats
 
 
-# Iterations whose passes do at most about this much work (n * k * d) are replayed as CUDA graphs,
-# in blocks of _GRAPH_BLOCK: below it, launches and the per-iteration host sync cost more than the
-# pass itself.
+# Iterations whose passes do at most about this much work (n * k * d) replay a captured CUDA graph,
+# in blocks of _GRAPH_BLOCK per host sync: below it, launches and the per-iteration host sync cost
+# more than the pass itself.
 _GRAPH_MAX_WORK = 1 << 37
 _GRAPH_BLOCK = 8
 
@@ -228,59 +228,75 @@ def _use_cuda_graphs(data: DataView, k: int, comm: Comm) -> bool:
 class _Hybrid:
     """``algorithm="auto"``: seed 000's hybrid, deciding from times measured on the running device.
 
-    The bounds engine runs from the first iteration. Its first ``full_passes`` passes search every
-    row, so they are dense Lloyd iterations: the first two run eagerly (they compile), the third is
-    captured as a CUDA graph and the fourth replays it, timed with its host sync: that is the dense
-    reference. Later passes settle the rows their bounds allow and search the rest; once they replay
-    as a graph too (or run eagerly after the first where graphs are off), each is timed the same way
-    and judged against the reference. A pass counts against pruning when it took longer while its
-    skipped fraction had stopped rising (early passes settle few rows, and get better quickly); after
-    ``patience`` such passes in a row the dense engine finishes the run (like seed 000's, the
-    decision is final). A dense pass gets cheaper as labels settle (fewer rows to re-search), so a
-    full pass renews the reference every ``refresh_every`` judged passes (an eager one, timed on the
-    device, where graphs are off). Problems too small for the choice to matter (``min_work``) and
-    data the bounds do not serve (d <= 8) stay dense.
+    The dense engine starts, as for ``"lloyd"``. Its iterations after the first are timed on the
+    device (CUDA events around each graph replay or eager iteration); the fastest is the dense
+    reference. Trying the bounds engine costs a few host-bound passes: its full pass (which records
+    the bounds), its first settle pass and the capture of one. Each costs the host about what the
+    dense engine's own eager and captured iterations cost it, measured in the first block. The
+    trial starts once the fit has spent ``1 / trial_share`` times that estimate, so that a failed
+    trial costs at most about ``trial_share`` of the fit. Each pruned pass is then timed and judged
+    the same way: it counts against pruning when it took longer than the reference while its skipped
+    fraction had stopped rising (early passes settle few rows and get better quickly). After
+    ``patience`` such passes in a row the dense engine, kept from the start, finishes the run (like
+    seed 000's, the decision is final). Problems too small for the choice to matter (``min_work``)
+    and data the bounds do not serve (d <= 8) stay dense.
     """
 
-    full_passes = 4
     patience = 3
-    refresh_every = 16
     plateau = 0.02  # a rise of the skipped fraction below this is no longer the bounds settling in
+    trial_share = 0.05
+    trial_passes = 3  # the trial's host-bound passes: the full pass, the first settle pass, the capture
     min_work = 1 << 24  # n * k * d below which a whole fit is a few milliseconds of launches
 
     def __init__(self, data: DataView, k: int):
         self.enabled = _ops.bounds_supported(data) and data.n_samples * k * data.n_features >= self.min_work
         self.done = not self.enabled
+        self.trying = False
         self.slow = 0
         self.judged = 0
         self.skipped = 0.0
         self.dense_seconds: float | None = None
-        self.replayed_reference = False
+        self.spent = 0.0
+        self._host_costs: list[float] = []
 
-    def after(self, stats: IterationStats, engine) -> str | None:
-        """Record a pruned pass; returns ``"lloyd"`` when the dense engine should take over."""
-        if self.done or stats.kernel != "pruned":
+    @property
+    def trial_cost(self) -> float | None:
+        """Estimated host seconds of a trial of the bounds engine (class docstring)."""
+        if not self._host_costs:
             return None
-        if engine.last_pass == "full-replay":  # timed as the settle passes are: the reference
-            self.dense_seconds = stats.seconds
-            self.replayed_reference = True
+        return self.trial_passes * sum(self._host_costs) / len(self._host_costs)
+
+    def after(self, stats: IterationStats, how: str, seconds: float | None, host_seconds: float | None) -> str | None:
+        """Record an iteration (``how`` it ran, its ``seconds`` on the device and the ``host_seconds``
+        it cost the host, None where not measured); returns the engine to run from the next block on:
+        ``"pruned"`` to try the bounds engine, ``"lloyd"`` to go back to the dense one."""
+        if self.done:
             return None
-        if engine.last_pass == "full" and engine.full_pass_seconds and not self.replayed_reference:
-            self.dense_seconds = engine.full_pass_seconds[-1]  # eager, device time: until a replay
+        timed = seconds is not None and how in ("replay", "capture", "eager")
+        if not self.trying:
+            self.spent += stats.seconds
+            if timed:
+                self.dense_seconds = seconds if self.dense_seconds is None else min(self.dense_seconds, seconds)
+            if how in ("eager", "capture") and host_seconds is not None:
+                self._host_costs.append(host_seconds)
+            cost = self.trial_cost
+            if self.dense_seconds is not None and cost is not None and self.spent * self.trial_share >= cost:
+                self.trying = True
+                logger.info("auto: trying pruned passes after %d dense iterations (%.3g ms each; trial cost about %.3g ms)",
+                            stats.iteration, self.dense_seconds * 1e3, cost * 1e3)
+                return "pruned"
             return None
-        if engine.last_pass not in ("replay", "eager") or self.dense_seconds is None:
+        if not timed or stats.kernel != "pruned" or self.dense_seconds is None:
             return None
         self.judged += 1
         settling = stats.skipped_bound > self.skipped + self.plateau
         self.skipped = stats.skipped_bound
-        self.slow = self.slow + 1 if stats.seconds > self.dense_seconds and not settling else 0
+        self.slow = self.slow + 1 if seconds > self.dense_seconds and not settling else 0
         if self.slow >= self.patience:
             self.done = True
             logger.info("auto: pruned passes (%.3g ms) cost more than a dense one (%.3g ms); finishing dense",
-                        stats.seconds * 1e3, self.dense_seconds * 1e3)
+                        seconds * 1e3, self.dense_seconds * 1e3)
             return "lloyd"
-        if self.judged % self.refresh_every == 0:
-            engine.request_full_pass()
         return None
 
 
@@ -302,9 +318,9 @@ def lloyd(
     Converges when no label changes (strict) or the total squared centroid shift is at most ``tol``
     (already scaled to the data), or after ``max_iter`` iterations; then assigns once more so the
     labels returned match the centroids returned. On the kernels an iteration is four launches;
-    small problems replay blocks of iterations as a CUDA graph and synchronise once per block (the
-    device freezes the rest of a block once a stopping rule fires, so the state read back is that
-    of the stopping iteration). Elsewhere each iteration synchronises once to read its statistics;
+    small problems run blocks of iterations, each a replay of one captured CUDA graph, and
+    synchronise once per block (the device freezes the rest of a block once a stopping rule fires,
+    so the state read back is that of the stopping iteration). Elsewhere each iteration synchronises once to read its statistics;
     a second time only when a cluster went empty.
 
     ``algorithm``: ``"pruned"`` and ``"triangle"`` run the engines of ``torchkm._kernels.prune``
@@ -336,7 +352,6 @@ def lloyd(
         logger.info("algorithm='pruned' needs d > 8 (the exact tensor-core pass); running dense Lloyd")
     elif algorithm == "auto":
         hybrid = _Hybrid(data, c.shape[0])
-        kind = "lloyd" if hybrid.done else "pruned"
     else:
         kind = algorithm
     if kernels:
@@ -345,37 +360,45 @@ def lloyd(
         # writing it): half the label traffic of int64, which matters when rows are short.
         label_buffer = torch.empty(data.n_samples, dtype=torch.int32, device=data.device)
 
+        timed = hybrid is not None and not hybrid.done
+        engines: dict[str, Any] = {}
+
         def make_engine(kind: str, start: torch.Tensor):
+            if kind in engines:  # the hybrid's dense engine, taking the run back
+                engines[kind].c.copy_(start)
+                return engines[kind]
             if kind == "lloyd":
-                return _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol,
-                                         _GRAPH_BLOCK if graphs else 1, graphs, comm.sum_ if comm.active else None)
+                engines[kind] = _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol, _GRAPH_BLOCK if graphs else 1,
+                                                  graphs, comm.sum_ if comm.active else None, timed)
+                return engines[kind]
+            # The hybrid reads its trial in short blocks: it hands over within a block of the verdict.
+            block = min(_GRAPH_BLOCK, _Hybrid.patience + 1) if timed else _GRAPH_BLOCK
             return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data),
-                                      _Hybrid.full_passes if hybrid is not None else 1, _GRAPH_BLOCK if graphs else 1)
+                                      block if graphs else 1, timed)
 
         engine = make_engine(kind, c)
-    engine_iterations = 0
     it = 0
     while it < max_iter:
         t0 = time.perf_counter()
         if engine is not None:
-            # A dense engine taking over mid-run starts with a block (whose kernels are compiled).
-            if (engine_iterations == 0 and it == 0) or engine.block == 1:
+            # The first iteration has no previous labels; a bounds engine's first pass searches every row.
+            if it == 0 or engine.block == 1:
                 engine.iterate(has_prev=it > 0)
                 rows = engine.read(1)
             else:
                 block = min(engine.block, max_iter - it)
                 engine.run_block(block)
                 rows = engine.read(block)
-            # Pruned engines describe their passes.
+            # Pruned engines describe their passes; the hybrid reads how each pass ran and its time.
             infos = getattr(engine, "infos", None) or [getattr(engine, "info", None)] * len(rows)
+            timings = list(zip(engine.pass_kinds, engine.pass_seconds, engine.pass_host_seconds)) if timed else []
         else:
-            infos = [None]
+            infos, timings = [None], []
             step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight, comm, deterministic)
             rows = [device_stats.tolist()]
         seconds = (time.perf_counter() - t0) / len(rows)
-        engine_iterations += len(rows)
         switch_to = None
-        for (inertia_f, shift_f, changed_f, empty_f), info in zip(rows, infos):
+        for row, ((inertia_f, shift_f, changed_f, empty_f), info) in enumerate(zip(rows, infos)):
             if engine is not None:
                 labels, sums, counts, old_c, new_c = engine.labels, engine.sums, engine.counts, engine.c_old, engine.c
                 sq = None
@@ -397,8 +420,8 @@ def lloyd(
             pruning = () if info is None else (info.kernel, info.skipped, info.skipped_bound, info.imbalance)
             stats = IterationStats(it, inertia_f, shift_f, int(changed_f), n_empty, seconds, *pruning)
             history.append(stats)
-            if hybrid is not None:
-                switch_to = hybrid.after(stats, engine) or switch_to
+            if hybrid is not None and row < len(timings):
+                switch_to = hybrid.after(stats, *timings[row]) or switch_to
             if on_iteration is not None:
                 on_iteration(stats)
             if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:
@@ -414,7 +437,6 @@ def lloyd(
         if switch_to is not None:
             logger.debug("auto: switching to the %s engine at iteration %d", switch_to, it)
             engine = make_engine(switch_to, c)
-            engine_iterations = 0
     if engine is not None:
         # The engine's buffers are reused by its replays: hand out copies.
         c = c.clone()

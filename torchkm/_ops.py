@@ -201,23 +201,25 @@ def lloyd_engine(
     block: int,
     graphs: bool,
     all_reduce=None,
+    timed: bool = False,
 ):
     """The kernels' Lloyd state (``torchkm._kernels.lloyd.LloydEngine``): four launches per iteration,
-    blocks of ``block`` iterations replayed as CUDA graphs when ``graphs``; ``all_reduce`` (in-place
-    sum over the ranks of a data-parallel fit) joins the shards' sums before each update."""
+    blocks of ``block`` iterations with one host sync, each iteration a CUDA graph replay when
+    ``graphs``; ``all_reduce`` (in-place sum over the ranks of a data-parallel fit) joins the
+    shards' sums before each update; ``timed``: each iteration's time in ``pass_seconds``."""
     from ._kernels.lloyd import LloydEngine
 
     return LloydEngine(data.x, centroids, labels, sample_weight=sample_weight, normalize=data.normalize, tol=tol,
-                       block=block, graphs=graphs, all_reduce=all_reduce, **_kernel_inputs(data))
+                       block=block, graphs=graphs, all_reduce=all_reduce, timed=timed, **_kernel_inputs(data))
 
 
 def pruned_engine(
     data: DataView, centroids: torch.Tensor, labels: torch.Tensor, sample_weight: torch.Tensor | None, tol: float,
-    kind: str, graphs: bool, full_passes: int = 1, block: int = 1,
+    kind: str, graphs: bool, block: int = 1, timed: bool = False,
 ):
     """A pruned Lloyd engine of ``torchkm._kernels.prune``: ``kind="pruned"`` the bounds engine
     (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph, in
-    blocks of ``block`` passes; its first ``full_passes`` passes search every row), ``"triangle"``
+    blocks of ``block`` passes; ``timed``: each pass's time in ``pass_seconds``), ``"triangle"``
     seed 000's scan with workload reordering."""
     from ._kernels.prune import BoundsEngine, TriangleEngine
 
@@ -226,8 +228,8 @@ def pruned_engine(
               "normalize": data.normalize, "tol": tol}
     if kind == "triangle":
         return TriangleEngine(data.x, centroids, labels, **common)
-    return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, full_passes=full_passes,
-                        block=block, **common)
+    return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, block=block, timed=timed,
+                        **common)
 
 
 def bounds_supported(data: DataView) -> bool:

@@ -2,10 +2,10 @@
 
 An iteration is ``prepare_centroids`` (operands of the pass, accumulators cleared), the fused
 assignment pass with its sums, the exact mode's re-search, and ``finish_update`` (centroids moved
-to the means in place, statistics written). Small problems replay blocks of iterations as one CUDA
-graph: each iteration after the first of a block checks the previous one's statistics on the
-device and freezes the rest of the block once a stopping rule fires, so the host reads a whole
-block with one synchronisation and the state it finds is that of the iteration that stopped.
+to the means in place, statistics written). Small problems run blocks of iterations with one host
+synchronisation: each iteration of a block checks the previous one's statistics on the device and
+does nothing once a stopping rule has fired, so the state the host finds after a block is that of
+the iteration that stopped. With CUDA graphs, one iteration is captured and replayed (``ReplayedPass``).
 A data-parallel fit all-reduces the pass's accumulators between the pass and ``finish_update``.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 from .assign import AssignPass
 from .centroids import finish_update
 
-__all__ = ["LloydEngine", "device_tol"]
+__all__ = ["LloydEngine", "ReplayedPass", "capture", "device_tol"]
 
 logger = logging.getLogger("torchkm")
 
@@ -33,91 +34,194 @@ def device_tol(tol: float) -> float:
     return float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
 
 
+def capture(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
+    """``run``'s launches captured as a CUDA graph (nothing runs). Unlike ``torch.cuda.graph``, no
+    device synchronisation and no emptying of the allocator's cache first: those cost the host about
+    4 ms, and the allocations that follow then go back to the driver."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            run()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return graph
+
+
+class ReplayedPass:
+    """A pass run many times without a host synchronisation: the first time eagerly (its kernels
+    compile), the second captured as a CUDA graph (with ``graphs``) and from then on replayed.
+
+    Capturing a whole block of passes costs the host as much as running it eagerly: about 1 ms per
+    iteration at 245,760 x 32, more than a short fit spends on the GPU. One captured pass replayed
+    costs the host a few microseconds. Each call says how it ran (``"first"``, ``"eager"``,
+    ``"capture"`` or ``"replay"``). With ``timed``, each call after the first is timed: replays on
+    the device (CUDA events around the replay, so a capture's replay counts too), eager passes on
+    the device where ``device`` is CUDA, on the host elsewhere; ``seconds()`` (after a host sync)
+    lists them for the calls since ``begin()``, None for the first call (it compiles).
+    """
+
+    def __init__(self, run: Callable[[], None], device: torch.device, graphs: bool, timed: bool = False):
+        self.run, self.device, self.timed = run, device, timed
+        self.use_graphs = graphs and device.type == "cuda"
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.calls = 0
+        self._marks: list = []
+        self.host_seconds: list[float] = []  # host time of each call since ``begin``
+
+    def begin(self) -> None:
+        self._marks, self.host_seconds = [], []
+
+    def _timed(self, run: Callable[[], None]):
+        if not self.timed:
+            run()
+            return None
+        if self.device.type != "cuda":
+            started = time.perf_counter()
+            run()
+            return time.perf_counter() - started
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record()
+        run()
+        events[1].record()
+        return events
+
+    def __call__(self) -> str:
+        started = time.perf_counter()
+        mark = None
+        if self.graph is not None:
+            mark = self._timed(self.graph.replay)
+            how = "replay"
+        elif self.use_graphs and self.calls >= 1:
+            try:
+                graph = capture(self.run, self.device)
+            except RuntimeError as err:  # capture unsupported here: stay eager
+                logger.debug("CUDA graph capture failed (%s); running passes eagerly", err)
+                self.use_graphs = False
+                mark = self._timed(self.run)
+                how = "eager"
+            else:
+                self.graph = graph
+                mark = self._timed(graph.replay)
+                how = "capture"
+        elif self.calls == 0:
+            self.run()
+            how = "first"
+        else:
+            mark = self._timed(self.run)
+            how = "eager"
+        self.calls += 1
+        self._marks.append(mark)
+        self.host_seconds.append(time.perf_counter() - started)
+        return how
+
+    def seconds(self) -> list[float | None]:
+        """The time of each call since ``begin`` (see the class docstring); call after a host sync."""
+        return [m if m is None or isinstance(m, float) else m[0].elapsed_time(m[1]) * 1e-3 for m in self._marks]
+
+
 class LloydEngine:
     """The state of a Lloyd run on the kernels.
 
     ``c`` (k, d) float32 centroids (updated in place), ``c_old`` those before the last update,
-    ``labels`` (n,) int32/int64 updated in place, ``sums``/``counts`` of the last pass, and
-    ``stats`` (block, 4) float64: ``[inertia, shift, changed, empty]`` of each iteration of the last
-    block. ``block > 1`` makes ``run_block`` replay blocks of iterations (see the module docstring).
+    ``labels`` (n,) int32/int64 updated in place, ``sums``/``counts`` of the last pass, and ``log``
+    (block, 4) float64: ``[inertia, shift, changed, empty]`` of each iteration since the last
+    ``read``. ``block > 1`` makes ``run_block`` run blocks of iterations (module docstring);
+    ``timed``: ``pass_seconds`` holds the time of each iteration of the last ``read`` (see
+    ``ReplayedPass``), ``pass_kinds`` how each ran.
     """
+
+    kernel = "lloyd"
 
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, precision: str,
         offset: torch.Tensor | None, row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None,
         sample_weight: torch.Tensor | None, normalize: bool, tol: float, block: int = 1, graphs: bool = False,
-        all_reduce: Callable[[torch.Tensor], object] | None = None,
+        all_reduce: Callable[[torch.Tensor], object] | None = None, timed: bool = False,
     ):
         k, d = centroids.shape
         device = x.device
-        self.x, self.labels, self.block, self.normalize = x, labels, block, normalize
-        self.inputs = dict(offset=offset, row_scale=row_scale, raw_norms=raw_norms, sample_weight=sample_weight)
+        self.x, self.labels, self.block, self.normalize = x, labels, max(1, block), normalize
+        self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
         self.assign_pass = AssignPass(x, k, precision, update=True)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
         self.counts = torch.empty(k, dtype=torch.float32, device=device)
-        self.stats = torch.zeros(block, 4, dtype=torch.float64, device=device)
-        # control = [frozen, iterations allowed]; row r of the table starts a block of r iterations.
+        self.stats = torch.zeros(4, dtype=torch.float64, device=device)
+        self.log = torch.zeros(self.block, 4, dtype=torch.float64, device=device)
+        # Inside a block the previous iteration's statistics are in ``stats_prev`` and ``control`` is
+        # [frozen, 1] (see ``prepare_centroids``); a block starts unfrozen, after a "previous
+        # iteration" that stops nothing.
+        self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
         self.control = torch.zeros(2, dtype=torch.int32, device=device)
-        self._control_rows = torch.tensor([[0, r] for r in range(block + 1)], dtype=torch.int32, device=device)
+        self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
+        self._go_control = torch.tensor([0, 1], dtype=torch.int32, device=device)
         self.tol_device = device_tol(tol)
-        self._use_graphs = graphs and x.device.type == "cuda" and all_reduce is None  # elsewhere blocks run eagerly
         self.all_reduce = all_reduce
         self._summed_stats = torch.tensor([0, 2], device=device)  # inertia and changed add up over shards
-        self._graph: torch.cuda.CUDAGraph | None = None
+        # Collectives stay outside graphs: a replay would also replay the all-reduce of a stale buffer.
+        self._in_block = ReplayedPass(self._block_iteration, device, graphs and all_reduce is None, timed)
+        self.pass_kinds: list[str] = []
+        self.pass_seconds: list[float | None] = []
+        self.pass_host_seconds: list[float | None] = []
+        self._kinds: list[str] = []
+        self._timed_block = False
 
-    def iterate(self, has_prev: bool, slot: int = 0, in_block: bool = False) -> None:
-        """One iteration, its statistics into ``stats[slot]``; ``in_block``: under the block's control."""
+    def _iteration(self, has_prev: bool, in_block: bool) -> None:
+        control = self.control if in_block else None
         self.assign_pass(
             self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
-            zero=(self.stats[slot],), control=self.control if in_block else None,
-            stats_prev=self.stats[slot - 1] if in_block and slot > 0 else None, iteration=slot, tol=self.tol_device,
+            zero=(self.stats,), control=control, stats_prev=self.stats_prev if in_block else None, iteration=0,
+            tol=self.tol_device,
         )
         p = self.assign_pass
         if self.all_reduce is not None:
             # Every rank has the same replica layout (it depends on k and d only), so summing the
             # raw accumulators gives each rank the sums of all shards, and the same update.
             self.all_reduce(p.acc)
-        finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[slot],
+        finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats,
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
-                      control=self.control if in_block else None)
+                      control=control)
         if self.all_reduce is not None:
-            summed = self.stats[slot].index_select(0, self._summed_stats)
+            summed = self.stats.index_select(0, self._summed_stats)
             self.all_reduce(summed)
-            self.stats[slot].index_copy_(0, self._summed_stats, summed)
+            self.stats.index_copy_(0, self._summed_stats, summed)
 
-    def _block(self) -> None:
-        for slot in range(self.block):
-            self.iterate(True, slot, in_block=True)
+    def _block_iteration(self) -> None:
+        self._iteration(True, in_block=True)
+        self.stats_prev.copy_(self.stats)
+
+    def iterate(self, has_prev: bool) -> None:
+        """One iteration, its statistics the first row of the next ``read``: with ``has_prev`` a
+        block of one; without, the first iteration of a run (no previous labels: other kernels)."""
+        if has_prev:
+            self.run_block(1)
+            return
+        self._in_block.begin()
+        self._kinds, self._timed_block = ["initial"], False
+        self._iteration(False, in_block=False)
+        self.log[0].copy_(self.stats)
 
     def run_block(self, iterations: int) -> None:
-        """Up to ``iterations`` (<= block) iterations after the first. With ``graphs``, the first block
-        runs eagerly on a side stream (compiling the kernels), is then captured, and later blocks
-        replay the graph; if capture fails, blocks stay eager."""
-        self.control.copy_(self._control_rows[iterations])
-        if self._graph is not None:
-            self._graph.replay()
-            return
-        if not self._use_graphs:
-            self._block()
-            return
-        device = self.x.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.device(device), torch.cuda.stream(side):
-            self._block()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self._use_graphs = False  # unless the capture below succeeds
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.device(device), torch.cuda.graph(graph):
-                self._block()
-        except RuntimeError as err:
-            logger.debug("CUDA graph capture failed (%s); iterating without it", err)
-            return
-        self._graph = graph
+        """Up to ``iterations`` (<= block) iterations after the first, with no host sync: an
+        iteration after one that met a stopping rule, or left a cluster empty, does nothing."""
+        self.control.copy_(self._go_control)
+        self.stats_prev.copy_(self._go)
+        self._in_block.begin()
+        self._kinds, self._timed_block = [], True
+        for i in range(iterations):
+            self._kinds.append(self._in_block())
+            self.log[i].copy_(self.stats)
 
     def read(self, rows: int) -> list[list[float]]:
-        """The statistics of the first ``rows`` iterations of the last block (one host sync)."""
-        return self.stats[:rows].tolist()
+        """The statistics of the first ``rows`` iterations since the last ``iterate`` or
+        ``run_block`` (one host sync)."""
+        values = self.log[:rows].tolist()
+        self.pass_kinds = self._kinds[:rows]
+        self.pass_seconds = (self._in_block.seconds() if self._timed_block else [None])[:rows]
+        self.pass_host_seconds = (self._in_block.host_seconds if self._timed_block else [None])[:rows]
+        return values

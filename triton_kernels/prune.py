@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +55,7 @@ from ._common import (
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update
 from .configs import assign_config, num_persistent_programs
-from .lloyd import device_tol
+from .lloyd import ReplayedPass, device_tol
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -503,7 +502,7 @@ class BoundsEngine:
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
         row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None,
-        normalize: bool, tol: float, graphs: bool = False, full_passes: int = 1, block: int = 1,
+        normalize: bool, tol: float, graphs: bool = False, block: int = 1, timed: bool = False,
     ):
         n, d = x.shape
         k = centroids.shape[0]
@@ -548,62 +547,26 @@ class BoundsEngine:
         self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
         self.info: PassInfo | None = None
         self.infos: list[PassInfo] = []  # one per row of the last ``read``
-        # The first ``full_passes`` passes (at least one: the bounds come from it) search every row.
-        self._full_left = max(1, full_passes)
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
-        # the second one is captured as a CUDA graph and replayed from then on (no host sync inside).
-        self._use_graphs = graphs and x.device.type == "cuda"
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._settle_passes = 0
-        # How the last pass ran: "full", "full-capture" or "full-replay" (every row searched),
-        # "first" (the first settle pass, which compiles), "capture", "replay" or "eager"; and the
-        # device time of each eager full pass (seconds, from CUDA events, known after the ``read``
-        # that follows it). Full passes after the first with previous labels replay a graph.
-        self.last_pass = ""
-        self.full_pass_seconds: list[float] = []
-        self._timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-        self._full_graph: torch.cuda.CUDAGraph | None = None
-        self._full_passes_eager = 0  # full passes with previous labels run eagerly (compiled)
+        # it is replayed as a CUDA graph from its second run on (``ReplayedPass``).
+        self._settle = ReplayedPass(self._settle_pass, device, graphs, timed)
+        self._first = True  # the first pass searches every row: the bounds come from it
+        # How each pass of the last ``read`` ran ("full", then ``ReplayedPass``'s kinds) and its time.
+        self.pass_kinds: list[str] = []
+        self.pass_seconds: list[float | None] = []
+        self.pass_host_seconds: list[float | None] = []
+        self._kinds: list[str] = []
+        self._timed_block = False
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
     def iterate(self, has_prev: bool) -> None:
-        if not has_prev:
-            self._full_left = max(1, self._full_left)
-        if self._full_left:
-            self._full_left -= 1
-            if self._settle_passes and not self._full_left:  # a requested full pass: blocks resume
-                self.block = self.block_size
-            if self._full_graph is not None and has_prev:
-                # A later full pass (the hybrid's dense reference) replays like the settle passes, so
-                # that its wall time compares with theirs.
-                self._full_graph.replay()
-                self.last_pass = "full-replay"
-                return
-            if self._use_graphs and has_prev and self._full_passes_eager >= 1:
-                graph = torch.cuda.CUDAGraph()
-                try:
-                    with torch.cuda.graph(graph):
-                        self._full_pass(True)
-                except RuntimeError as err:
-                    logger.debug("CUDA graph capture of the full pass failed (%s)", err)
-                else:
-                    self._full_graph = graph
-                    graph.replay()
-                    self.last_pass = "full-capture"
-                    return
-            # Device time from CUDA events (on the host for the interpreter), gaps between launches included.
-            on_device = self.x.device.type == "cuda"
-            if on_device:
-                self._timing = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                self._timing[0].record()
-            started = time.perf_counter()
+        """One pass: the engine's first searches every row (a dense pass that records the bounds),
+        later ones are settle passes."""
+        if self._first:
+            self._first = False
+            self._settle.begin()
+            self._kinds, self._timed_block = ["full"], False
             self._full_pass(has_prev)
-            if on_device:
-                self._timing[1].record()
-            else:
-                self.full_pass_seconds.append(time.perf_counter() - started)
-            self._full_passes_eager += int(has_prev)
-            self.last_pass = "full"
             return
         self._settle_passes_run(1)
 
@@ -616,11 +579,6 @@ class BoundsEngine:
           sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
         self._finish(None)
         self.log[0].copy_(self.record)
-
-    def request_full_pass(self) -> None:
-        """Make the next pass search every row (a dense Lloyd iteration, timed on the device)."""
-        self._full_left = max(1, self._full_left)
-        self.block = 1  # ``iterate`` runs it; blocks of settle passes resume after it
 
     def _settle_pass(self) -> None:
         p = self.assign_pass
@@ -664,37 +622,14 @@ class BoundsEngine:
         self.stats_prev.copy_(self.stats[0])
 
     def _settle_passes_run(self, passes: int) -> None:
-        """``passes`` settle passes without a host sync, each record into ``log``: the first one
-        eagerly (it compiles), the second captured as a CUDA graph (with ``graphs``), later ones
-        replaying it."""
+        """``passes`` settle passes without a host sync, each record into ``log``."""
         self.control.copy_(self._go_control)
         self.stats_prev.copy_(self._go)
-        kinds = set()
+        self._settle.begin()
+        self._kinds, self._timed_block = [], True
         for i in range(passes):
-            if self._graph is not None:
-                self._graph.replay()
-                self.last_pass = "replay"
-            elif self._use_graphs and self._settle_passes >= 1:
-                graph = torch.cuda.CUDAGraph()
-                self.last_pass = "capture"
-                try:
-                    with torch.cuda.graph(graph):
-                        self._settle_pass()
-                except RuntimeError as err:  # capture unsupported here: stay eager
-                    logger.debug("CUDA graph capture of the settle pass failed (%s)", err)
-                    self._use_graphs = False
-                    self._settle_pass()
-                else:
-                    self._graph = graph
-                    graph.replay()
-            else:
-                self.last_pass = "first" if self._settle_passes == 0 else "eager"
-                self._settle_pass()
-            self._settle_passes += 1
+            self._kinds.append(self._settle())
             self.log[i].copy_(self.record)
-            kinds.add(self.last_pass)
-        if len(kinds) > 1:  # a block's passes share its wall time: timed like replays only if all were
-            self.last_pass = "capture" if "capture" in kinds else "eager"
         # Later settle passes run in blocks (``run_block``), where asked for.
         self.block = self.block_size
 
@@ -716,9 +651,9 @@ class BoundsEngine:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
         ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
         values = self.log[:rows].tolist()
-        if self._timing is not None:  # the sync above has passed the pass's end event
-            self.full_pass_seconds.append(self._timing[0].elapsed_time(self._timing[1]) * 1e-3)
-            self._timing = None
+        self.pass_kinds = self._kinds[:rows]
+        self.pass_seconds = (self._settle.seconds() if self._timed_block else [None])[:rows]
+        self.pass_host_seconds = (self._settle.host_seconds if self._timed_block else [None])[:rows]
         n, k = self.x.shape[0], self.c.shape[0]
         block = self.assign_pass.cfg["BLOCK_N"]
         self.infos = []
