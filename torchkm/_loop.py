@@ -343,11 +343,13 @@ def lloyd(
     hybrid = None
     kernels = _ops.uses_kernels(data) and not deterministic and data.in_memory
     kind = "lloyd"
+    # "auto" (the default) says why it runs dense only at DEBUG level: it is not an instruction.
+    say = logger.debug if algorithm == "auto" else logger.info
     if algorithm != "lloyd" and not kernels:
-        logger.info("algorithm=%r needs the Triton kernels (CUDA, not deterministic, in GPU memory); running dense Lloyd",
-                    algorithm)
+        say("algorithm=%r needs the Triton kernels (CUDA, not deterministic, in GPU memory); running dense Lloyd",
+            algorithm)
     elif algorithm != "lloyd" and comm.active:
-        logger.info("algorithm=%r runs on one process; running dense Lloyd on every rank", algorithm)
+        say("algorithm=%r runs on one process; running dense Lloyd on every rank", algorithm)
     elif algorithm == "pruned" and not _ops.bounds_supported(data):
         logger.info("algorithm='pruned' needs d > 8 (the exact tensor-core pass); running dense Lloyd")
     elif algorithm == "auto":
@@ -654,7 +656,7 @@ def fit(
     random_state: SeedLike = None,
     precision: str = "exact",
     deterministic: bool | None = None,
-    algorithm: str = "lloyd",
+    algorithm: str = "auto",
     max_points_per_centroid: int | None = None,
     device: str | torch.device | None = None,
     streaming: bool | None = None,

@@ -75,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--metric", default="euclidean", choices=["euclidean", "cosine"])
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--algorithm", default="lloyd", choices=["lloyd", "pruned", "triangle", "auto"],
-                   help="dense Lloyd (default), pruned with bounds, seed 000's triangle scan, or the hybrid")
+    p.add_argument("--algorithm", default="auto", choices=["auto", "lloyd", "pruned", "triangle"],
+                   help="the measured hybrid (default), dense Lloyd, pruned with bounds, or seed 000's triangle scan")
     p.add_argument("--max-points-per-centroid", type=int, default=None,
                    help="iterate on a uniform sample of at most this many rows per cluster (faiss uses 256)")
     p.add_argument("--streaming", default="auto", choices=["auto", "on", "off"],

@@ -60,16 +60,18 @@ class KMeans(nn.Module):
             are bit-identical (slower for small k); the default (None) follows
             ``torch.are_deterministic_algorithms_enabled()``, else one fused pass with atomics
             whose last bits vary between runs. CPU runs are always deterministic.
-        algorithm: ``"lloyd"`` (default): every iteration assigns every row with the fused dense
-            pass. ``"pruned"``: rows keep a lower bound on their distance to the other centroids
+        algorithm: ``"auto"`` (default): the measured hybrid. It starts as ``"lloyd"``, and on
+            problems large enough for the choice to matter it tries ``"pruned"`` once the fit has
+            spent 20 times what the trial costs the host, keeping it while its passes measure
+            faster than dense ones on this device. ``"lloyd"``: every iteration assigns every row
+            with the fused dense pass. ``"pruned"``: rows keep a lower bound on their distance to the other centroids
             (from the exact pass's second-best candidate, lowered by how far centroids move); a row
             whose own centroid stays nearer than that bound is settled with one distance, and only
             the others go through the tensor-core search, so converged rows cost one read. Labels
             equal the dense exact pass's (the search always runs in the exact mode), and so do the
             iteration counts, up to fp32 ties. ``"triangle"``: seed 000's per-row triangle-
             inequality scan with workload-sorted rows (slower than the tensor cores on current GPUs;
-            kept for study). ``"auto"``: dense while labels still move, then pruned while it
-            measures faster on this device. Pruning needs the CUDA kernels and d > 8 (``"pruned"``,
+            kept for study). Pruning needs the CUDA kernels and d > 8 (``"pruned"``,
             ``"auto"``); elsewhere the dense loop runs, and ``history_`` says which pass ran.
         max_points_per_centroid: faiss's sub-sampling: with more than ``max_points_per_centroid *
             n_clusters`` rows, the Lloyd iterations run on a uniform sample of that many rows (faiss
@@ -127,7 +129,7 @@ class KMeans(nn.Module):
         random_state: SeedLike = None,
         precision: str = "exact",
         deterministic: bool | None = None,
-        algorithm: str = "lloyd",
+        algorithm: str = "auto",
         max_points_per_centroid: int | None = None,
         device: str | torch.device | None = None,
         streaming: bool | None = None,

@@ -39,7 +39,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
             (``random_state`` also takes a ``numpy.random.RandomState``). ``n_init`` defaults to 1,
             as scikit-learn's ``"auto"`` does for k-means++.
         metric: ``"euclidean"`` or ``"cosine"`` (spherical k-means), see :class:`torchkm.KMeans`.
-        algorithm: ``"lloyd"`` (default), ``"pruned"``, ``"triangle"`` or ``"auto"``, see
+        algorithm: ``"auto"`` (default), ``"lloyd"``, ``"pruned"`` or ``"triangle"``, see
             :class:`torchkm.KMeans`; scikit-learn's ``"elkan"`` (bounds from the triangle
             inequality) means ``"pruned"``.
         verbose: log per-iteration statistics through the ``torchkm`` logger.
@@ -60,7 +60,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
         max_iter: int = 300,
         tol: float = 1e-4,
         metric: str = "euclidean",
-        algorithm: str = "lloyd",
+        algorithm: str = "auto",
         verbose: int = 0,
         random_state: Any = None,
         device: str | None = None,
