@@ -436,6 +436,9 @@ def lloyd(
                 break
         if converged:
             break
+        if hybrid is not None and engine is not None:
+            # Timing reads events after each block's sync, while the GPU waits: only while judging.
+            engine.timed = not hybrid.done and (hybrid.trying or hybrid.dense_seconds is None)
         if switch_to is not None:
             logger.debug("auto: switching to the %s engine at iteration %d", switch_to, it)
             engine = make_engine(switch_to, c)

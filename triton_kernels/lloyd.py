@@ -171,6 +171,15 @@ class LloydEngine:
         self._kinds: list[str] = []
         self._timed_block = False
 
+    @property
+    def timed(self) -> bool:
+        """Whether passes are timed (``pass_seconds``); timing costs the host a little per block."""
+        return self._in_block.timed
+
+    @timed.setter
+    def timed(self, value: bool) -> None:
+        self._in_block.timed = value
+
     def _iteration(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None
         self.assign_pass(

@@ -570,6 +570,15 @@ class BoundsEngine:
             return
         self._settle_passes_run(1)
 
+    @property
+    def timed(self) -> bool:
+        """Whether passes are timed (``pass_seconds``); timing costs the host a little per block."""
+        return self._settle.timed
+
+    @timed.setter
+    def timed(self, value: bool) -> None:
+        self._settle.timed = value
+
     def _full_pass(self, has_prev: bool) -> None:
         """Search every row (a dense pass), recording each row's bound."""
         p = self.assign_pass
