@@ -55,7 +55,7 @@ from ._common import (
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update
 from .configs import assign_config, num_persistent_programs
-from .lloyd import ReplayedPass, device_tol
+from .lloyd import ReplayedEngine, ReplayedPass, device_tol
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -488,7 +488,7 @@ def settle_reference(
     return sq * (1 + margin) < lower * lower, sq, lower * lower
 
 
-class BoundsEngine:
+class BoundsEngine(ReplayedEngine):
     """Lloyd iterations with per-row lower bounds and a compacted exact search (module docstring).
 
     The first pass searches every row (and records its bound); each later pass is: shifts of the
@@ -549,14 +549,9 @@ class BoundsEngine:
         self.infos: list[PassInfo] = []  # one per row of the last ``read``
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
         # it is replayed as a CUDA graph from its second run on (``ReplayedPass``).
-        self._settle = ReplayedPass(self._settle_pass, device, graphs, timed)
-        self._first = True  # the first pass searches every row: the bounds come from it
-        # How each pass of the last ``read`` ran ("full", then ``ReplayedPass``'s kinds) and its time.
-        self.pass_kinds: list[str] = []
-        self.pass_seconds: list[float | None] = []
-        self.pass_host_seconds: list[float | None] = []
-        self._kinds: list[str] = []
-        self._timed_block = False
+        self._passes = ReplayedPass(self._settle_pass, device, graphs, timed)
+        self._first = True  # the first pass searches every row: the bounds come from it ("full")
+        self._read_passes(0)
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
     def iterate(self, has_prev: bool) -> None:
@@ -564,20 +559,10 @@ class BoundsEngine:
         later ones are settle passes."""
         if self._first:
             self._first = False
-            self._settle.begin()
-            self._kinds, self._timed_block = ["full"], False
+            self._passes.begin(single="full")
             self._full_pass(has_prev)
             return
         self._settle_passes_run(1)
-
-    @property
-    def timed(self) -> bool:
-        """Whether passes are timed (``pass_seconds``); timing costs the host a little per block."""
-        return self._settle.timed
-
-    @timed.setter
-    def timed(self, value: bool) -> None:
-        self._settle.timed = value
 
     def _full_pass(self, has_prev: bool) -> None:
         """Search every row (a dense pass), recording each row's bound."""
@@ -632,13 +617,7 @@ class BoundsEngine:
 
     def _settle_passes_run(self, passes: int) -> None:
         """``passes`` settle passes without a host sync, each record into ``log``."""
-        self.control.copy_(self._go_control)
-        self.stats_prev.copy_(self._go)
-        self._settle.begin()
-        self._kinds, self._timed_block = [], True
-        for i in range(passes):
-            self._kinds.append(self._settle())
-            self.log[i].copy_(self.record)
+        self._run_passes(passes, self.record)
         # Later settle passes run in blocks (``run_block``), where asked for.
         self.block = self.block_size
 
@@ -660,9 +639,7 @@ class BoundsEngine:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
         ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
         values = self.log[:rows].tolist()
-        self.pass_kinds = self._kinds[:rows]
-        self.pass_seconds = (self._settle.seconds() if self._timed_block else [None])[:rows]
-        self.pass_host_seconds = (self._settle.host_seconds if self._timed_block else [None])[:rows]
+        self._read_passes(rows)
         n, k = self.x.shape[0], self.c.shape[0]
         block = self.assign_pass.cfg["BLOCK_N"]
         self.infos = []
