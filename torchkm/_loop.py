@@ -229,8 +229,8 @@ class _Hybrid:
     """``algorithm="auto"``: seed 000's hybrid, deciding from times measured on the running device.
 
     The dense engine starts, as for ``"lloyd"``. Its iterations after the first are timed on the
-    device (CUDA events around each graph replay or eager iteration); the fastest is the dense
-    reference. Trying the bounds engine costs a few host-bound passes: its full pass (which records
+    device (CUDA events around each graph replay or eager iteration) until a block has given a time;
+    the fastest is the dense reference. Trying the bounds engine costs a few host-bound passes: its full pass (which records
     the bounds), its first settle pass and the capture of one. Each costs the host about what the
     dense engine's own eager and captured iterations cost it, measured in the first block. The
     trial starts once the fit has spent ``1 / trial_share`` times that estimate, so that a failed
@@ -320,8 +320,8 @@ def lloyd(
     labels returned match the centroids returned. On the kernels an iteration is four launches;
     small problems run blocks of iterations, each a replay of one captured CUDA graph, and
     synchronise once per block (the device freezes the rest of a block once a stopping rule fires,
-    so the state read back is that of the stopping iteration). Elsewhere each iteration synchronises once to read its statistics;
-    a second time only when a cluster went empty.
+    so the state read back is that of the stopping iteration). Elsewhere each iteration
+    synchronises once to read its statistics; a second time only when a cluster went empty.
 
     ``algorithm``: ``"pruned"`` and ``"triangle"`` run the engines of ``torchkm._kernels.prune``
     (labels equal the dense exact pass's), ``"auto"`` the hybrid (:class:`_Hybrid`). They need the

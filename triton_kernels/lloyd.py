@@ -161,6 +161,20 @@ class ReplayedEngine:
     def timed(self, value: bool) -> None:
         self._passes.timed = value
 
+    def _init_passes(self, run: Callable[[], None], device: torch.device, graphs: bool, timed: bool, block: int,
+                     width: int) -> None:
+        """The block state: ``run`` as a ``ReplayedPass``, a ``log`` of ``block`` records of ``width``
+        values, and the statistics a pass of a block checks: the previous pass's (``stats_prev``)
+        and ``control`` = [frozen, 1] (see ``prepare_centroids``). A block starts unfrozen, after a
+        "previous pass" that stops nothing (``_go``)."""
+        self._passes = ReplayedPass(run, device, graphs, timed)
+        self.log = torch.zeros(block, width, dtype=torch.float64, device=device)
+        self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
+        self.control = torch.zeros(2, dtype=torch.int32, device=device)
+        self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
+        self._go_control = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        self._read_passes(0)
+
     def _read_passes(self, rows: int) -> None:
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
 
@@ -204,20 +218,11 @@ class LloydEngine(ReplayedEngine):
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
         self.counts = torch.empty(k, dtype=torch.float32, device=device)
         self.stats = torch.zeros(4, dtype=torch.float64, device=device)
-        self.log = torch.zeros(self.block, 4, dtype=torch.float64, device=device)
-        # Inside a block the previous iteration's statistics are in ``stats_prev`` and ``control`` is
-        # [frozen, 1] (see ``prepare_centroids``); a block starts unfrozen, after a "previous
-        # iteration" that stops nothing.
-        self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
-        self.control = torch.zeros(2, dtype=torch.int32, device=device)
-        self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
-        self._go_control = torch.tensor([0, 1], dtype=torch.int32, device=device)
         self.tol_device = device_tol(tol)
         self.all_reduce = all_reduce
         self._summed_stats = torch.tensor([0, 2], device=device)  # inertia and changed add up over shards
         # Collectives stay outside graphs: a replay would also replay the all-reduce of a stale buffer.
-        self._passes = ReplayedPass(self._block_iteration, device, graphs and all_reduce is None, timed)
-        self._read_passes(0)
+        self._init_passes(self._block_iteration, device, graphs and all_reduce is None, timed, self.block, 4)
 
     def _iteration(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None

@@ -55,7 +55,7 @@ from ._common import (
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update
 from .configs import assign_config, num_persistent_programs
-from .lloyd import ReplayedEngine, ReplayedPass, device_tol
+from .lloyd import ReplayedEngine, device_tol
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -533,15 +533,9 @@ class BoundsEngine(ReplayedEngine):
         self.stats = torch.zeros(1, 4, dtype=torch.float64, device=device)
         self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
         # A pass ends by writing its record, [inertia, shift, changed, empty, rows searched, rows
-        # deferred], and its statistics into ``stats_prev``, which the next pass of a block checks
-        # (see ``prepare_centroids``); the host copies each record into ``log``.
+        # deferred], and its statistics into ``stats_prev``, which the next pass of a block checks;
+        # the host copies each record into ``log``.
         self.record = torch.zeros(6, dtype=torch.float64, device=device)
-        self.log = torch.zeros(self.block_size, 6, dtype=torch.float64, device=device)
-        self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
-        self.control = torch.zeros(2, dtype=torch.int32, device=device)
-        # Before a block: not frozen, any iteration allowed, and a previous pass that stops nothing.
-        self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
-        self._go_control = torch.tensor([0, 1], dtype=torch.int32, device=device)
         self.sq_dist = torch.empty(n, dtype=torch.float32, device=device)
         self.lower = torch.zeros(n, dtype=torch.float32, device=device)
         self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
@@ -549,9 +543,8 @@ class BoundsEngine(ReplayedEngine):
         self.infos: list[PassInfo] = []  # one per row of the last ``read``
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
         # it is replayed as a CUDA graph from its second run on (``ReplayedPass``).
-        self._passes = ReplayedPass(self._settle_pass, device, graphs, timed)
+        self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, 6)
         self._first = True  # the first pass searches every row: the bounds come from it ("full")
-        self._read_passes(0)
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
     def iterate(self, has_prev: bool) -> None:
