@@ -154,9 +154,14 @@ def check(x: torch.Tensor, c: torch.Tensor) -> dict:
 
 
 SWEEP = {  # workload: candidate "BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]" (few or no spills under ptxas)
-    "seed000-A": ["128,32,32,8,2,1", "64,32,32,4,2,1", "128,32,32,8,2,0", "64,32,32,4,2,0", "128,32,32,4,2,0,1"],
+    "seed000-A": ["128,32,32,8,2,1", "64,32,32,4,2,1", "128,32,32,8,2,0", "64,32,32,4,2,0", "128,32,32,4,2,0,1",
+                  "256,32,32,8,2,0,1", "128,32,32,4,2,0", "256,32,32,8,2,0", "64,32,32,2,2,0", "32,32,32,2,2,0",
+                  "128,32,32,4,1,0", "128,32,32,2,2,0", "256,32,32,4,2,0"],
     "seed000-B": ["128,128,32,8,2,1", "128,128,32,8,2,0", "256,64,32,8,2,0,1", "128,64,32,4,2,0,1",
-                  "128,128,32,8,2,0,1", "256,128,32,8,2,0,1"],
+                  "128,128,32,8,2,0,1", "256,128,32,8,2,0,1", "64,64,32,4,2,0,1", "128,64,32,8,2,0,1",
+                  "128,64,32,4,2,0", "64,128,32,4,2,0", "128,64,32,4,3,0,1", "64,64,32,4,2,0", "64,32,32,4,2,0",
+                  "128,32,32,4,2,0", "128,64,32,8,2,0", "64,64,32,2,2,0", "128,64,32,4,3,0", "32,64,32,2,2,0",
+                  "64,128,32,8,2,0", "128,128,32,4,2,0"],
     # (exact mode: "...,1" is the row-oriented eager search, "...,0" the lazy one, "...,0,1" the transposed one)
     "SIFT-like": ["128,128,128,8,2,1", "128,64,128,8,2,1", "128,64,128,8,3,0,1", "256,64,128,8,3,0,1",
                   "128,64,128,8,2,0", "64,64,128,4,2,0"],
@@ -173,37 +178,58 @@ RECHECK_SWEEP = [f"{cfg}/{chunks}" for cfg in ["128,128,32,8,4,1", "64,64,32,4,3
                  for chunks in [1, 4, 8, 16]]
 
 
-def sweep(name, x, c, precision):
-    """Time of one fused pass (search + sums, as in a Lloyd iteration) for each candidate tile config."""
+def graph_ms(fn, calls: int = 20) -> float:
+    """GPU time of one call of ``fn``: ``calls`` calls captured in one CUDA graph, replays timed.
+    (Timing eager calls would time the host: a pass at 245,760 x 32 takes 0.1 ms on the GPU and
+    more than that to launch.)"""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return ms(graph.replay) / calls
+
+
+def sweep(name, x, c, precision, research=False):
+    """GPU time of one fused pass (search + sums, as in a Lloyd iteration; replayed in a CUDA graph)
+    for each candidate tile config."""
+    from torchkm._kernels.assign import AssignPass
     from torchkm._kernels.configs import assign_config
 
-    base = assign_config(x.shape[0], c.shape[0], x.shape[1], x.dtype, precision)
+    n, k = x.shape[0], c.shape[0]
+    base = assign_config(n, k, x.shape[1], x.dtype, precision)
     res = {}
-    norms = torch.cat([x[s:s + (1 << 22)].float().norm(dim=1) for s in range(0, x.shape[0], 1 << 22)])
-    sums = torch.zeros(c.shape[0], x.shape[1], device=x.device)
-    counts = torch.zeros(c.shape[0], device=x.device)
+    norms = torch.cat([x[s:s + (1 << 22)].float().norm(dim=1) for s in range(0, n, 1 << 22)])
+    c32 = c.float().contiguous()
+    labels = torch.empty(n, dtype=torch.int64, device=x.device)
 
-    def fused():
-        return kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False, sums=sums, counts=counts)
+    def timed(variables=None, update=True):
+        os.environ.update(variables or {})
+        try:  # the configs are read when the pass is built
+            run = AssignPass(x, k, precision, update=update)
+        finally:
+            for variable in variables or {}:
+                del os.environ[variable]
+        return graph_ms(lambda: run(x, c32, offset=None, row_scale=None, raw_norms=norms, sample_weight=None,
+                                    prev_labels=None, labels=labels))
 
-    res["default"] = ms(fused)
-    res["default, search only"] = ms(lambda: kernel_assign(x, c, precision=precision, raw_norms=norms, store_sq_dist=False))
+    res["default"] = timed()
+    res["default, search only"] = timed(update=False)
     if precision == "exact":
-        res["rechecked_pct"] = 100 * int(fused().rechecked) / x.shape[0]
-    candidates = [(f"{key}", {"TORCHKM_ASSIGN_CONFIG": key}) for key in SWEEP.get(name, [])]
-    if precision == "exact":
+        res["rechecked_pct"] = 100 * int(kernel_assign(x, c, precision=precision, raw_norms=norms).rechecked) / n
+    # (tf32x3, the re-search's precision, reads its own override)
+    override = "TORCHKM_RECHECK_CONFIG" if precision == "tf32x3" else "TORCHKM_ASSIGN_CONFIG"
+    candidates = [(f"{key}", {override: key}) for key in SWEEP.get(name, [])]
+    if precision == "exact" and research:
         candidates += [(f"re-search {key}", dict(zip(("TORCHKM_RECHECK_CONFIG", "TORCHKM_RESEARCH_CHUNKS"), key.split("/"))))
                        for key in RECHECK_SWEEP]
-        candidates.append(("default again", {}))  # the run-to-run spread
+    candidates.append(("default again", {}))  # the run-to-run spread
     for label, variables in candidates:
-        os.environ.update(variables)
         try:
-            res[label] = ms(fused)
+            res[label] = timed(variables)
         except Exception as e:  # out of shared memory / registers: not a candidate
             res[label] = f"{type(e).__name__}"
-        finally:
-            for variable in variables:
-                del os.environ[variable]
     return base, res
 
 
@@ -232,6 +258,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--sweep", action="store_true", help="time the assignment pass over a set of tile configs instead")
     parser.add_argument("--sweep-precisions", nargs="*", default=["fast", "exact"])
+    parser.add_argument("--sweep-research", action="store_true", help="the sweep also tries the exact re-search's configs")
     parser.add_argument("--profile", action="store_true", help="also print each kernel's GPU ms per iteration")
     parser.add_argument("--no-flash", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
@@ -260,7 +287,7 @@ def main() -> None:
             row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name}
             if args.sweep:
                 for precision in args.sweep_precisions:
-                    base, res = sweep(name, x, c0, precision)
+                    base, res = sweep(name, x, c0, precision, args.sweep_research)
                     print(name, dtype_name, precision, "default", base, flush=True)
                     for cfg, t in res.items():
                         unit = "%" if cfg.endswith("pct") else " ms"
