@@ -31,7 +31,9 @@ Precision (``precision=``):
                launches over just those rows, the centroids split into chunks across program
                columns, then the rows' epilogue). Labels then equal those of an fp32 computation up to
                ties within fp32 rounding. For bf16 rows the centroids enter as two bf16 parts
-               (two products per tile), which leaves few rows inside the bound.
+               (two products per tile), which leaves few rows inside the bound. For fp32 rows of
+               at most 32 features and at most 64 centroids, every row is searched with 3xTF32
+               products instead (cheaper there; ``configs.exact_as_tf32x3``).
   ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
 transformed copy of x ever exists.
@@ -64,7 +66,7 @@ from ._common import (
     unused,
 )
 from .centroids import _round_tf32, prepare_centroids
-from .configs import assign_config, num_persistent_programs, small_d_launch
+from .configs import assign_config, exact_as_tf32x3, num_persistent_programs, small_d_launch
 
 __all__ = ["PRECISIONS", "AssignOutput", "assign", "assign_reference", "gap_bound_coefficient"]
 
@@ -764,9 +766,15 @@ class AssignPass:
     """
 
     def __init__(self, x: torch.Tensor, k: int, precision: str, *, update: bool,
-                 config: dict | None = None, extra_partials: int = 0):
+                 config: dict | None = None, extra_partials: int = 0, lower_bounds: bool = False):
         n, d = x.shape
         device = x.device
+        if precision == "exact" and not lower_bounds and d > SMALL_D and exact_as_tf32x3(k, d, x.dtype):
+            # Short fp32 rows, few clusters: every row with 3xTF32 products costs less than the best
+            # two (see exact_as_tf32x3), on the exact mode's tiles. ``lower_bounds``: the caller
+            # passes ``lower``, which comes from the best two.
+            config = config or assign_config(n, k, d, x.dtype, "exact")
+            precision = "tf32x3"
         self.k, self.precision = k, precision
         self.small_d = d <= SMALL_D
         self.check = precision == "exact" and not self.small_d

@@ -13,7 +13,7 @@ import os
 import torch
 import triton
 
-__all__ = ["assign_config", "num_persistent_programs", "small_d_launch", "update_config"]
+__all__ = ["assign_config", "exact_as_tf32x3", "num_persistent_programs", "small_d_launch", "update_config"]
 
 
 def _override(precision: str) -> dict | None:
@@ -38,8 +38,8 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     A row tile is loaded once for all centroid tiles when the padded row fits one chunk (d <= 128
     for 4-byte operands, 256 for 2-byte ones); otherwise the features are streamed in chunks. The
     exact mode reduces eagerly (it keeps the best two candidates with their indices), except in the
-    transposed search. From the H200 sweep of 2026-11-21 (only configs without register spills
-    under ptxas were tried), and for the transposed search the H100 sweeps of the same day (which
+    transposed search and for rows of at most 32 features. From the H200 sweep of 2026-11-21 (only
+    configs without register spills under ptxas were tried), and for the transposed search the H100 sweeps of the same day (which
     spill a few hundred bytes and are faster anyway). ``transposed=False``: never the transposed search.
     """
     override = _override(precision)
@@ -63,6 +63,18 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     # arrays), so it takes 128 rows: 1M x 128, k = 4096 fp32 went 8.31 -> 6.65 ms. Only where
     # measured: for bf16 (two products, hi and lo centroids) it was slower (6.75 -> 9.39 ms), and
     # rows of d <= 64 were not timed. ``transposed=False`` keeps the row-oriented search.
+    if d_pad <= 32 and precision in ("exact", "fast"):
+        # Short rows: a tile's product is a few instructions, so the running minimum's element-wise
+        # work and its registers set the pace. Narrow centroid tiles (32 columns) and 4 warps keep
+        # the lazy per-column arrays small and occupancy high. H200 sweep of 2026-11-21 (CUDA-graph
+        # timed fused pass, 245,760 x 32): k = 1024 exact fp32 0.403 -> 0.236 ms, bf16 0.345 ->
+        # 0.206, fast fp32 0.161 -> 0.133; k = 32 exact fp32 0.129 -> 0.102, fast fp32 0.077 ->
+        # 0.057. bf16's fast pass measured best with its general config below (64 rows).
+        if exact:
+            return _config(64 if operand_bytes == 4 and k > 64 else 128, min(32, k_tile), d_pad, 4, 2, False)
+        if operand_bytes == 4:
+            return _config(128, min(32, k_tile), d_pad, 4, 2, False)
+        return _config(64, min(64, k_tile), d_pad, 4, 2, False)
     swap = transposed and precision == "fast" and k > 64 and d_pad <= one_chunk
     if transposed and exact and operand_bytes == 4 and k > 64 and d_pad == 128:
         return _config(128, 64, d_pad, 8, 3, False, swap=True)
@@ -81,6 +93,19 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     if d_pad <= one_chunk and not exact:
         return _config(64, min(64, k_tile), d_pad, 4, 2, False)
     return _config(128, k_tile, 64, 8, 3, True)
+
+
+def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:
+    """Whether the exact mode searches every row with 3xTF32 products instead of keeping the fast
+    pass's best two candidates (and re-searching the close calls with 3xTF32 anyway).
+
+    For fp32 rows of at most 32 features and few clusters, the products are a few instructions per
+    tile and keeping the best two (more element-wise work and registers) costs more than tripling
+    them. H200, 2026-11-21, fused pass at 245,760 x 32 (CUDA-graph timed): k = 32, 0.100 ms exact
+    against 0.065 ms 3xTF32 (fast: 0.057), both with ``assign_config``'s exact tiles (128 x 32, 4
+    warps, lazy); at k = 1024 the best two win, 0.236 against 0.280 (the best 3xTF32 tiles).
+    """
+    return dtype == torch.float32 and triton.next_power_of_2(d) <= 32 and k <= 64
 
 
 def update_config(d: int) -> dict:

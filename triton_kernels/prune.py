@@ -525,7 +525,8 @@ class BoundsEngine(ReplayedEngine):
         # The row-oriented search: the transposed one was not measured (nor run on a GPU) with the
         # lower bounds and row lists of this engine.
         self.assign_pass = AssignPass(x, k, "exact", update=True, extra_partials=self.settle_grid,
-                                      config=assign_config(n, k, d, x.dtype, "exact", transposed=False))
+                                      config=assign_config(n, k, d, x.dtype, "exact", transposed=False),
+                                      lower_bounds=True)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)

@@ -86,7 +86,9 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     pass (and still get the float64 labels); the others are neither. The lazy searches (per column
     slot, transposed or not) also re-search a row whose best two share a centroid slot (they keep no
     index for the second)."""
-    n, d, k = 512, 12, 64  # d > 8: the tensor-core kernel (small d computes exact differences)
+    # d > 8: the tensor-core kernel (small d computes exact differences); k > 64: the best-two search
+    # (below, short fp32 rows are all searched with 3xTF32, see test_exact_mode_is_all_3xtf32_...).
+    n, d, k = 512, 12, 65
     x, c = _data(n, d, k, seed=3)
     sums = torch.zeros(k, d, device=DEVICE)
     counts = torch.zeros(k, device=DEVICE)
@@ -112,7 +114,7 @@ def test_lazy_exact_search_re_searches_a_runner_up_in_the_winners_slot(search):
     """The best two of row 0 sit in the same centroid slot (indices 1 and 1 + BLOCK_K), closer than the
     rounding bound: the lazy searches keep no index for the second, so the row is re-searched and
     still gets the float64 label; the same pair in different slots is settled in the pass."""
-    d, k = 12, 48
+    d, k = 12, 80  # k > 64: the best-two search (not all 3xTF32, see exact_as_tf32x3)
     x, c = _data(1, d, k, seed=21)
     c = c * 10  # every other centroid far away
     for first, runner_up in [(1, 17), (1, 18)]:  # slot 1 twice (BLOCK_K = 16), then slots 1 and 2
@@ -219,6 +221,28 @@ def test_large_shape_on_gpu():
     _check_labels(x[rows], c, out.labels[rows], "exact")
 
 
+@pytest.mark.parametrize("d,k,tf32x3", [(12, 64, True), (32, 7, True), (12, 65, False), (33, 7, False)])
+def test_exact_mode_is_all_3xtf32_for_short_fp32_rows_and_few_clusters(d, k, tf32x3):
+    """Where keeping the best two costs more than tripling the products (``exact_as_tf32x3``), the
+    exact mode searches every row with 3xTF32: nothing deferred, the same labels as the tf32x3 mode,
+    and float64's labels outside fp32 near-ties. The bounds engine's passes (``lower_bounds``) keep
+    the best two."""
+    from torchkm._kernels.assign import AssignPass
+    from torchkm._kernels.configs import exact_as_tf32x3
+
+    assert exact_as_tf32x3(k, d, torch.float32) is tf32x3
+    assert exact_as_tf32x3(k, d, torch.bfloat16) is False
+    n = 301
+    x, c = _data(n, d, k, seed=d + k)
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1))
+    _check_labels(x, c, out.labels, "exact")
+    assert AssignPass(x, k, "exact", update=False).precision == ("tf32x3" if tf32x3 else "exact")
+    assert AssignPass(x, k, "exact", update=False, lower_bounds=True).precision == "exact"
+    if tf32x3:
+        assert int(out.rechecked) == 0
+        assert torch.equal(out.labels, assign(x, c, precision="tf32x3").labels)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 1024), (100_003, 2, 32), (50_000, 128, 500)])
@@ -253,6 +277,26 @@ def test_half_precision_fast_pass_at_default_configs(dtype, n, d, k):
     _check_labels(x[rows].float(), c, labels[rows], "fast", input_dtype=dtype)
     direct = ((x.float() - c[labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist, direct, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
+@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 1024), (50_000, 17, 300)])
+def test_bfloat16_exact_pass_at_default_configs(n, d, k):
+    """bf16 rows, exact mode (hi + lo centroids, lazy per-column search for short rows): labels of the
+    fp32 computation on the bf16 values, and sums equal to those labels' sums."""
+    g = torch.Generator(device="cuda").manual_seed(n + d + k)
+    x = torch.randn(n, d, device="cuda", generator=g).bfloat16()
+    c = x[torch.randint(0, n, (k,), device="cuda", generator=g)].float()
+    labels = torch.full((n,), -7, dtype=torch.int64, device="cuda")
+    sums = torch.zeros(k, d, device="cuda")
+    counts = torch.zeros(k, device="cuda")
+    assign(x, c, precision="exact", labels=labels, raw_norms=x.float().norm(dim=1), sums=sums, counts=counts,
+           store_sq_dist=False)
+    assert int(labels.min()) >= 0
+    rows = torch.randint(0, n, (2_000,), device="cuda", generator=g)
+    _check_labels(x[rows].float(), c, labels[rows], "exact")
+    assert torch.equal(counts, torch.bincount(labels, minlength=k).float())
+    torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x.float()), rtol=1e-4, atol=1e-3)
 
 
 def test_round_to_tf32_is_exact_in_tf32_and_within_half_an_ulp():
@@ -290,11 +334,12 @@ def test_no_launch_passes_one_tensor_for_two_pointer_arguments(monkeypatch, d, p
 
     monkeypatch.setattr(assign_module, "launcher", recording_launcher)
     monkeypatch.setattr(centroids_module, "launcher", recording_launcher)
-    x, c = _data(300, d, 40, 5)
+    k = 72  # k > 64: the exact mode's best-two search and re-search (not all 3xTF32)
+    x, c = _data(300, d, k, 5)
     x[:40] = (c[0::2][:20].repeat(2, 1) + c[1::2][:20].repeat(2, 1)) / 2  # ties: the exact mode re-searches
     prev = torch.zeros(300, dtype=torch.int64, device=DEVICE)
-    sums = torch.zeros(40, d, device=DEVICE)
-    counts = torch.zeros(40, device=DEVICE)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
     norms = x.norm(dim=1)
     out = assign(x, c, precision=precision, raw_norms=norms, config=_search_config(search, d), prev_labels=prev,
                  sums=sums, counts=counts)
