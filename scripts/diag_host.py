@@ -35,12 +35,23 @@ def timed(fn, reps: int = 50) -> str:
 
 def body(precision: str):
     with set_wrap_triton_enabled(False):
-        return _ops._assign_and_sum_op._init_fn(x, c, precision)
+        return _ops._assign_and_sum_impl(x, c, precision)
 
 
 def diagnose(precision: str) -> None:
-    print(precision, "op through the dispatcher:", timed(lambda: _ops.query_assign_and_sum(x, c, precision)))
+    print(precision, "op through the dispatcher:", timed(lambda: torch.ops.torchkm.assign_and_sum(x, c, precision)))
+    print(precision, "query (eager: direct):    ", timed(lambda: _ops.query_assign_and_sum(x, c, precision)))
     print(precision, "op body alone:            ", timed(lambda: body(precision)))
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(20):
+        _ops.query_assign_and_sum(x, c, precision)
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
     vq = VectorQuantizer(args.k, args.d, kmeans_init=False, precision=precision).cuda()
     rows = x.clone().requires_grad_(True)
 

@@ -99,6 +99,32 @@ def test_assign_compiles_without_graph_breaks():
     torch.testing.assert_close(dist, eager[1])
 
 
+def test_eager_queries_skip_the_op_dispatch_and_match_it():
+    """Outside torch.compile the query ops run their bodies directly (the op's dispatch costs the host
+    more than a VQ pass's GPU time): same results as the registered op, no autograd history, and the
+    op for a tracer's tensor subclasses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchkm import _ops
+
+    x = torch.randn(100, 5, device=DEVICE)
+    c = torch.nn.Parameter(torch.randn(7, 5, device=DEVICE))
+    assert not _ops._through_op(x, c)
+    direct = _ops.query_assign(x, c, "euclidean", "exact")
+    via_op = torch.ops.torchkm.assign(x, c.detach(), "euclidean", "exact")
+    assert torch.equal(direct[0], via_op[0])
+    torch.testing.assert_close(direct[1], via_op[1])
+    summed = _ops.query_assign_and_sum(x, c, "exact")
+    for got, ref in zip(summed, torch.ops.torchkm.assign_and_sum(x, c.detach(), "exact")):
+        assert not got.requires_grad
+        torch.testing.assert_close(got, ref)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert _ops._through_op(fake, fake[:7])
+        labels, _ = _ops.query_assign(fake, fake[:7], "euclidean", "exact")
+        assert labels.shape == (100,)
+
+
 def test_precision_and_deterministic_arguments_are_checked():
     x = torch.randn(20, 3)
     with pytest.raises(ValueError, match="precision"):

@@ -301,16 +301,14 @@ def _autocast_off(x: torch.Tensor) -> torch.autocast:
     return torch.autocast(x.device.type, enabled=False)
 
 
-@torch.library.triton_op("torchkm::assign", mutates_args=())
-def _assign_op(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _assign_impl(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
     with _autocast_off(x):
         data, c = query_view(x, centroids, metric, precision)
         labels, sq = assign(data, c)
     return labels, (sq * 0.5 if metric == "cosine" else sq)
 
 
-@torch.library.triton_op("torchkm::assign_and_sum", mutates_args=())
-def _assign_and_sum_op(
+def _assign_and_sum_impl(
     x: torch.Tensor, centroids: torch.Tensor, precision: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     with _autocast_off(x):
@@ -321,9 +319,24 @@ def _assign_and_sum_op(
     return labels, sq, sums, counts
 
 
+_assign_op = torch.library.triton_op("torchkm::assign", _assign_impl, mutates_args=())
+_assign_and_sum_op = torch.library.triton_op("torchkm::assign_and_sum", _assign_and_sum_impl, mutates_args=())
+
+
+def _through_op(*tensors: torch.Tensor) -> bool:
+    """Whether a query goes through its registered op: while torch.compile traces, or for tensor
+    subclasses (a tracer's fake or functional tensors). Otherwise the implementation runs directly,
+    with direct launches: the op's dispatch and ``wrap_triton``'s cost the host about 0.8 ms per
+    call (torch 2.11, H200), more than the GPU time of a VQ layer's pass."""
+    return torch.compiler.is_compiling() or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+
+
 def query_assign(x: torch.Tensor, centroids: torch.Tensor, metric: str, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.torchkm.assign``: labels and metric distances of validated queries."""
-    return torch.ops.torchkm.assign(x, centroids, metric, precision)
+    if _through_op(x, centroids):
+        return torch.ops.torchkm.assign(x, centroids, metric, precision)
+    with torch.no_grad():  # as the op: outputs without autograd history
+        return eager_launches(_assign_impl)(x, centroids, metric, precision)
 
 
 def query_assign_and_sum(
@@ -332,4 +345,7 @@ def query_assign_and_sum(
     """``torch.ops.torchkm.assign_and_sum``: Euclidean labels (int64) and squared distances of the
     rows of ``x``, with the float32 per-cluster sums (k, d) and counts (k,) of those rows, from one
     pass over ``x`` on CUDA."""
-    return torch.ops.torchkm.assign_and_sum(x, centroids, precision)
+    if _through_op(x, centroids):
+        return torch.ops.torchkm.assign_and_sum(x, centroids, precision)
+    with torch.no_grad():
+        return eager_launches(_assign_and_sum_impl)(x, centroids, precision)

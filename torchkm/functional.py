@@ -33,8 +33,7 @@ def _checked_query(x: Any, centroids: Any, metric: str) -> tuple[torch.Tensor, t
     check_same_device(x, c)
     # Value checks read the data back to the host; inside torch.compile they would break the graph.
     if not torch.compiler.is_compiling():
-        ensure_finite(c, "centroids")
-        ensure_finite(x, "x")
+        ensure_finite(c, "centroids", (x, "x"))
         if metric == "cosine":
             check_nonzero_rows(x)
     return x, c
