@@ -66,7 +66,12 @@ from ._common import (
     unused,
 )
 from .centroids import _round_tf32, prepare_centroids
-from .configs import assign_config, exact_as_tf32x3, num_persistent_programs, small_d_launch
+from .configs import (
+    assign_config,
+    exact_as_tf32x3,
+    num_persistent_programs,
+    small_d_launch,
+)
 
 __all__ = ["PRECISIONS", "AssignOutput", "assign", "assign_reference", "gap_bound_coefficient"]
 
