@@ -14,9 +14,9 @@ averaged over iterations after the first; plus flash-kmeans' time per iteration 
 and the floor of a dense iteration (2nkd FLOPs at the measured tf32 rate, or reading x once).
 
 Plus real 128-d SIFT descriptors (``--sift``: the file ``benchmarks/sift_data.py`` writes) with
-``--sift-k`` clusters. Times are medians of ``--repeats`` fits after an untimed one that compiles
-(one timed fit where a second untimed one still took over 2 s); the algorithms take turns, repeat
-by repeat.
+``--sift-k`` clusters. Times are medians of ``--repeats`` fits (three times as many for fits under
+50 ms) after an untimed one that compiles (one timed fit where a second untimed one still took over
+2 s); the algorithms take turns, repeat by repeat, in a rotating order.
 ``--decompose`` adds seed 000's Table I: where a fit's GPU time goes, kernel by kernel
 (torch.profiler), grouped into labeling, inter-centroid distances (ICD), their ranking (RID), the
 bounds' settle pass, the update, reordering and the rest.
@@ -159,12 +159,15 @@ def main() -> None:
             _, first_ms[alg] = run(x, c0, alg, args.max_iter)  # compiles every kernel this algorithm may use
             if first_ms[alg] > 2000:  # compilation, or a slow fit: see which
                 _, first_ms[alg] = run(x, c0, alg, args.max_iter)
-        # The repeats take turns between the algorithms, so that a drift of the GPU's clocks over the
-        # workload's runs does not favour the algorithm timed first. Fits of seconds (the scalar
-        # triangle scan at large k) are timed once.
+        # The repeats take turns between the algorithms, in an order that rotates each round, so that
+        # neither a drift of the GPU's clocks nor what the previous fit left behind favours one
+        # algorithm. Fits under 50 ms spread by 10-20 % from run to run: three times the repeats.
+        # Fits of seconds (the scalar triangle scan at large k) are timed once.
         runs = {alg: [] for alg in args.algorithms}
-        for repeat in range(args.repeats):
-            for alg in args.algorithms:
+        repeats = args.repeats * (3 if max(first_ms.values()) < 50 else 1)
+        for repeat in range(repeats):
+            turn = repeat % len(args.algorithms)
+            for alg in args.algorithms[turn:] + args.algorithms[:turn]:
                 if repeat == 0 or first_ms[alg] < 2000:
                     runs[alg].append(run(x, c0, alg, args.max_iter))
         for alg in args.algorithms:
@@ -183,6 +186,12 @@ def main() -> None:
             kernels = [h.kernel for h in out.history]
             row[alg] = {
                 "ms": total, "ms_runs": [ms for _, ms in timed], "n_iter": out.n_iter, "ms_per_iter": total / out.n_iter,
+                # Per run: atomic fp32 sums make runs of overlapping clusters converge after different
+                # iteration counts, so the time per iteration compares the algorithms' work too.
+                "iters_runs": [o.n_iter for o, _ in timed],
+                "ms_per_iter_median": statistics.median(ms / o.n_iter for o, ms in timed),
+                "kernels_runs": [{kname: [h.kernel for h in o.history].count(kname)
+                                  for kname in dict.fromkeys(h.kernel for h in o.history)} for o, _ in timed],
                 "labels_exact": off == 0, "labels_off": off, "same_iterations_as_lloyd": out.n_iter == ref.n_iter,
                 "same_labels_as_lloyd": bool(torch.equal(out.labels, ref.labels)),
                 "skipped": sum(h.skipped for h in later) / len(later),
@@ -224,6 +233,15 @@ def report(rows: list[dict], algorithms: list[str]) -> None:
               f"{p.get('skipped', nan):11.3f} {p.get('skipped_bound', nan):6.3f} | "
               f"{t.get('skipped', nan):8.3f} {t.get('skipped_bound', nan):6.3f} "
               f"{t.get('imbalance', nan):5.2f} | {same}")
+    if "lloyd" in algorithms and "auto" in algorithms:
+        print("\nauto / dense: medians of the fits' times, and of their times per iteration (runs whose iteration "
+              "counts differ)")
+        for r in rows:
+            a, d_ = r["auto"], r["lloyd"]
+            s2 = "-" if r["sigma2"] is None else r["sigma2"]
+            print(f"{r['data']:>17} {r['k']:>5} {s2:>6} | time {a['ms'] / d_['ms']:6.3f} | per iteration "
+                  f"{a['ms_per_iter_median'] / d_['ms_per_iter_median']:6.3f} | iterations auto {a['iters_runs']} "
+                  f"dense {d_['iters_runs']} | auto ran {a['kernels_runs']}")
     parts = [label for label, _ in COMPONENTS] + ["other"]
     decomposed = [(r, a) for r in rows for a in algorithms if "decomposition_ms" in r.get(a, {})]
     if decomposed:

@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--max-iter", type=int, default=100)
     parser.add_argument("--top", type=int, default=6)
     parser.add_argument("--history", action="store_true", help="print auto's per-iteration history")
+    parser.add_argument("--host-profile", action="store_true", help="print each fit's top host functions (cProfile)")
     args = parser.parse_args()
     for n in args.n:
         for k in args.ks:
@@ -63,6 +64,15 @@ def main() -> None:
                           f"{wall / out.n_iter:.3f} ms/it; GPU kernels {gpu:7.2f} ms ({100 * gpu / wall:.0f} % busy)")
                     for name, ms, count in rows[: args.top]:
                         print(f"      {ms:8.3f} ms {count:5d}x  {name}")
+                    if args.host_profile:
+                        import cProfile
+                        import pstats
+
+                        profiler = cProfile.Profile()
+                        profiler.enable()
+                        run(x, c0, alg, args.max_iter)
+                        profiler.disable()
+                        pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
                     if args.history and alg == "auto":
                         print("      " + " ".join(f"{h.kernel[0]}{h.skipped_bound:.2f}/{h.seconds * 1e3:.2f}"
                                                    for h in out.history))

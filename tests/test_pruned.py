@@ -206,13 +206,23 @@ def test_hybrid_decision_rules():
         assert _pass(hybrid, how, None) is None and hybrid.judged == 0
     # Slower, but the skipped fraction still rises: the bounds are settling in, not counted.
     for skipped in (0.1, 0.3, 0.5, 0.7):
-        assert _pass(hybrid, "replay", 2.0, skipped=skipped) is None
-    assert hybrid.slow == 0
+        assert _pass(hybrid, "replay", 1.2, skipped=skipped) is None
+    assert hybrid.slow == 0 and hybrid.excess == pytest.approx(0.8)
     # Faster passes reset the count; three slower ones on a plateau hand back, for good.
-    assert _pass(hybrid, "capture", 2.0, skipped=0.7) is None
+    assert _pass(hybrid, "capture", 1.1, skipped=0.7) is None
     assert _pass(hybrid, "replay", 0.5, skipped=0.7) is None and hybrid.slow == 0
-    assert _pass(hybrid, "replay", 2.0, skipped=0.7) is None
-    assert _pass(hybrid, "replay", 2.0, skipped=0.7) is None
-    assert _pass(hybrid, "replay", 2.0, skipped=0.7) == "lloyd" and hybrid.done
+    assert _pass(hybrid, "replay", 1.1, skipped=0.7) is None
+    assert _pass(hybrid, "replay", 1.1, skipped=0.7) is None
+    assert hybrid.excess == pytest.approx(0.6) and hybrid.budget == pytest.approx(1.5)
+    assert _pass(hybrid, "replay", 1.1, skipped=0.7) == "lloyd" and hybrid.done
     assert _pass(hybrid, "replay", 2.0, skipped=0.7) is None
     assert _pass(hybrid, "replay", 0.1, "lloyd") is None
+    # A trial whose passes, settling or not, cost more than trial_share of the time spent before it
+    # (1.5 s of 30 s here) ends there.
+    hybrid = _loop._Hybrid(data, 1024)
+    hybrid.done = False
+    assert _pass(hybrid, "capture", 1.0, "lloyd", wall=10.0, host=0.2) is None
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=20.0) == "pruned" and hybrid.budget == pytest.approx(1.5)
+    assert _pass(hybrid, "replay", 1.7, skipped=0.2) is None
+    assert _pass(hybrid, "replay", 1.7, skipped=0.4) is None
+    assert _pass(hybrid, "replay", 1.2, skipped=0.6) == "lloyd" and hybrid.slow == 0

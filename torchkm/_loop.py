@@ -237,8 +237,10 @@ class _Hybrid:
     trial costs at most about ``trial_share`` of the fit. Each pruned pass is then timed and judged
     the same way: it counts against pruning when it took longer than the reference while its skipped
     fraction had stopped rising (early passes settle few rows and get better quickly). After
-    ``patience`` such passes in a row the dense engine, kept from the start, finishes the run (like
-    seed 000's, the decision is final). Problems too small for the choice to matter (``min_work``)
+    ``patience`` such passes in a row, or once the judged passes together have cost more than the
+    dense reference by ``trial_share`` of the time spent before the trial (rising or not: settling
+    in too slowly does not pay either), the dense engine, kept from the start, finishes the run
+    (like seed 000's, the decision is final). Problems too small for the choice to matter (``min_work``)
     and data the bounds do not serve (d <= 8) stay dense.
     """
 
@@ -257,6 +259,8 @@ class _Hybrid:
         self.skipped = 0.0
         self.dense_seconds: float | None = None
         self.spent = 0.0
+        self.excess = 0.0  # the judged pruned passes' time less the dense reference's, summed
+        self.budget = 0.0  # the excess at which the trial ends: trial_share of the time spent before it
         self._host_costs: list[float] = []
 
     @property
@@ -282,6 +286,7 @@ class _Hybrid:
             cost = self.trial_cost
             if self.dense_seconds is not None and cost is not None and self.spent * self.trial_share >= cost:
                 self.trying = True
+                self.budget = self.spent * self.trial_share
                 logger.info("auto: trying pruned passes after %d dense iterations (%.3g ms each; trial cost about %.3g ms)",
                             stats.iteration, self.dense_seconds * 1e3, cost * 1e3)
                 return "pruned"
@@ -292,10 +297,12 @@ class _Hybrid:
         settling = stats.skipped_bound > self.skipped + self.plateau
         self.skipped = stats.skipped_bound
         self.slow = self.slow + 1 if seconds > self.dense_seconds and not settling else 0
-        if self.slow >= self.patience:
+        self.excess += seconds - self.dense_seconds
+        if self.slow >= self.patience or self.excess > self.budget:
             self.done = True
-            logger.info("auto: pruned passes (%.3g ms) cost more than a dense one (%.3g ms); finishing dense",
-                        seconds * 1e3, self.dense_seconds * 1e3)
+            logger.info("auto: pruned passes (%.3g ms) cost more than a dense one (%.3g ms; %.3g ms more over %d "
+                        "passes); finishing dense", seconds * 1e3, self.dense_seconds * 1e3, self.excess * 1e3,
+                        self.judged)
             return "lloyd"
         return None
 
