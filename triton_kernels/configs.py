@@ -39,8 +39,8 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     for 4-byte operands, 256 for 2-byte ones); otherwise the features are streamed in chunks. The
     exact mode reduces eagerly (it keeps the best two candidates with their indices), except in the
     transposed search and for rows of at most 32 features. From the H200 sweep of 2026-11-21 (only
-    configs without register spills under ptxas were tried), and for the transposed search the H100 sweeps of the same day (which
-    spill a few hundred bytes and are faster anyway). ``transposed=False``: never the transposed search.
+    configs without register spills under ptxas were tried), and for the transposed search the
+    H100 sweeps of the same day (which spill a few hundred bytes and are faster anyway). ``transposed=False``: never the transposed search.
     """
     override = _override(precision)
     if override is not None:
