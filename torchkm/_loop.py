@@ -230,18 +230,18 @@ class _Hybrid:
 
     The dense engine starts, as for ``"lloyd"``. Its iterations after the first are timed on the
     device (CUDA events around each graph replay or eager iteration) until a block has given a time;
-    the fastest is the dense reference. Trying the bounds engine costs a few host-bound passes: its full pass (which records
-    the bounds), its first settle pass and the capture of one. Each costs the host about what the
-    dense engine's own eager and captured iterations cost it, measured in the first block. The
-    trial starts once the fit has spent ``1 / trial_share`` times that estimate, so that a failed
-    trial costs at most about ``trial_share`` of the fit. Each pruned pass is then timed and judged
-    the same way: it counts against pruning when it took longer than the reference while its skipped
-    fraction had stopped rising (early passes settle few rows and get better quickly). After
-    ``patience`` such passes in a row, or once the judged passes together have cost more than the
-    dense reference by ``trial_share`` of the time spent before the trial (rising or not: settling
-    in too slowly does not pay either), the dense engine, kept from the start, finishes the run
-    (like seed 000's, the decision is final). Problems too small for the choice to matter (``min_work``)
-    and data the bounds do not serve (d <= 8) stay dense.
+    the fastest is the dense reference. Trying the bounds engine costs a few host-bound passes: its
+    full pass (which records the bounds), its first settle pass and the capture of one. Each costs
+    the host about what the dense engine's own eager and captured iterations cost it, measured in
+    the first block. The trial starts once the fit has spent ``1 / trial_share`` times that
+    estimate, so that a failed trial costs at most about ``trial_share`` of the fit. Each pruned
+    pass is then timed and judged the same way: it counts against pruning when it took longer than
+    the reference while its skipped fraction had stopped rising (early passes settle few rows and
+    get better quickly). After ``patience`` such passes in a row, or once the judged passes together
+    have cost more than the dense reference by ``trial_share`` of the time spent before the trial
+    (rising or not: settling in too slowly does not pay either), the dense engine, kept from the
+    start, finishes the run (like seed 000's, the decision is final). Problems too small for the
+    choice to matter (``min_work``) and data the bounds do not serve (d <= 8) stay dense.
     """
 
     patience = 3
