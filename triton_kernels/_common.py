@@ -11,8 +11,9 @@ import triton.language as tl
 # How a pass adds its rows into the per-cluster sums: not at all; a one-hot product per tile of rows
 # and one atomic per (cluster, feature) per tile; one atomic per (row, feature); or the one-hot
 # product carried across all the tiles a (persistent) program walks, with its atomics issued once,
-# when the program ends (``carries``).
-UPDATE_NONE, UPDATE_ONEHOT, UPDATE_ATOMIC, UPDATE_CARRY = 0, 1, 2, 3
+# when the program ends (``carries``); or, for rows whose label changed only, moving the row from its
+# previous cluster's float64 sums to its new one's (``move_rows``: sums kept across passes).
+UPDATE_NONE, UPDATE_ONEHOT, UPDATE_ATOMIC, UPDATE_CARRY, UPDATE_DELTA = 0, 1, 2, 3, 4
 
 
 def launcher(kernel):
@@ -122,6 +123,24 @@ def flush_carry(sums_ptr, counts_ptr, acc_sums, acc_counts, k, d, KP: tl.constex
     tl.atomic_add(sums_ptr + k_rows[:, None] * d + dims[None, :], acc_sums,
                   mask=(k_rows < k)[:, None] & (dims < d)[None, :], sem="relaxed")
     tl.atomic_add(counts_ptr + k_rows, acc_counts, mask=k_rows < k, sem="relaxed")
+
+
+@triton.jit
+def move_rows(sums_ptr, counts_ptr, labels, prev, w, moved, xr, dims, dim_mask, add_counts, d):
+    """Rows ``moved`` leave cluster ``prev`` for cluster ``labels``: float64 ``sums`` and ``counts``
+    that persist across passes (``UPDATE_DELTA``), one feature chunk at a time.
+
+    float64, so that the sums kept this way over a whole fit stay as accurate as sums taken afresh
+    in float32 every pass (each move rounds once, at 2^-53).
+    """
+    v = (xr * w[:, None]).to(tl.float64)
+    mask = moved[:, None] & dim_mask[None, :]
+    tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], v, mask=mask, sem="relaxed")
+    tl.atomic_add(sums_ptr + prev[:, None] * d + dims[None, :], -v, mask=mask, sem="relaxed")
+    if add_counts:
+        w64 = w.to(tl.float64)
+        tl.atomic_add(counts_ptr + labels, w64, mask=moved, sem="relaxed")
+        tl.atomic_add(counts_ptr + prev, -w64, mask=moved, sem="relaxed")
 
 
 @triton.jit

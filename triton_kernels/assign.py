@@ -51,6 +51,7 @@ import triton.language as tl
 from ._common import (
     UPDATE_ATOMIC,
     UPDATE_CARRY,
+    UPDATE_DELTA,
     UPDATE_NONE,
     UPDATE_ONEHOT,
     accumulate_rows,
@@ -60,6 +61,7 @@ from ._common import (
     flush_carry,
     launcher,
     load_rows,
+    move_rows,
     onehot_max_k,
     onehot_width,
     persistent_grid,
@@ -89,6 +91,7 @@ def _tile(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
 ):
+    tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_INDEX:
         row_mask = slots < row_count
@@ -332,8 +335,21 @@ def _tile(
                                 HAS_OFFSET, HAS_SCALE)
                 accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
                                 dim_mask, d0 == 0, k, d, KP, UPDATE)
+        elif UPDATE == 4:
+            prev64 = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int64)
+            moved = done & (prev64 != label64)
+            if tl.max(moved.to(tl.int32), axis=0) > 0:  # most tiles of a late pass move no row
+                for d0 in range(0, d, EPI_D):
+                    dims = d0 + epi_dims
+                    dim_mask = dims < d
+                    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                    HAS_OFFSET, HAS_SCALE)
+                    move_rows(sums_ptr, counts_ptr, label64, prev64, w, moved, xr, dims, dim_mask, d0 == 0, d)
     else:
         label64 = label.to(tl.int64)
+        if UPDATE == 4:
+            prev64 = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int64)
+            moved = done & (prev64 != label64)
         for d0 in range(0, d, EPI_D):
             dims = d0 + epi_dims
             dim_mask = dims < d
@@ -346,6 +362,8 @@ def _tile(
             if UPDATE == 1 or UPDATE == 2:
                 accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
                                 dim_mask, d0 == 0, k, d, KP, UPDATE)
+            if UPDATE == 4:
+                move_rows(sums_ptr, counts_ptr, label64, prev64, w, moved, xr, dims, dim_mask, d0 == 0, d)
     if UPDATE == 3:
         acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
                                            stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
@@ -771,7 +789,8 @@ class AssignPass:
     """
 
     def __init__(self, x: torch.Tensor, k: int, precision: str, *, update: bool,
-                 config: dict | None = None, extra_partials: int = 0, lower_bounds: bool = False):
+                 config: dict | None = None, extra_partials: int = 0, lower_bounds: bool = False,
+                 moves: bool = False):
         n, d = x.shape
         device = x.device
         if precision == "exact" and not lower_bounds and d > SMALL_D and exact_as_tf32x3(k, d, x.dtype):
@@ -808,6 +827,12 @@ class AssignPass:
         self.acc = torch.empty(n_replicas * k * (d + 1) if update else 1, dtype=torch.float32, device=device)
         self.acc_sums = self.acc[: self.counts_offset].view(n_replicas, k, d) if update else None
         self.acc_counts = self.acc[self.counts_offset:].view(n_replicas, k) if update else None
+        # ``moves``: float64 sums and counts kept across passes, which a pass called with
+        # ``moves=True`` changes only by the rows whose label changed (``UPDATE_DELTA``). Their owner
+        # sets them (e.g. from a pass's ``acc_sums``); no pass clears them.
+        self.move_acc = torch.zeros(k * (d + 1) if moves else 1, dtype=torch.float64, device=device)
+        self.move_sums = self.move_acc[: k * d].view(1, k, d) if moves else None
+        self.move_counts = self.move_acc[k * d:].view(1, k) if moves else None
         self.flag_count = torch.empty(1, dtype=torch.int32, device=device)
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
         if self.small_d:
@@ -854,7 +879,7 @@ class AssignPass:
         labels: torch.Tensor, sq_dist: torch.Tensor | None = None, zero: tuple[torch.Tensor, ...] = (),
         control: torch.Tensor | None = None, stats_prev: torch.Tensor | None = None, iteration: int = 0,
         tol: float = 0.0, rows: tuple[torch.Tensor, torch.Tensor] | None = None, lower: torch.Tensor | None = None,
-        clear: bool = True,
+        clear: bool = True, moves: bool = False,
     ) -> None:
         """Assign the rows of ``x`` to ``c32`` (fp32 (k, d), transformed space) into ``labels``; the
         preparation launch also clears the float64 tensor in ``zero``. ``control``, ``stats_prev``,
@@ -863,7 +888,12 @@ class AssignPass:
         ``rows = (row_index, row_count)``: only the listed rows (int32 indices, the count a 1-element
         int32 device tensor), others untouched. ``lower`` (exact mode): float32 (n,) receiving a
         lower bound on each row's squared distance to every centroid but its own (0 for rows the
-        re-search settled). ``clear=False`` keeps what the accumulators already hold."""
+        re-search settled). ``clear=False`` keeps what the accumulators already hold. ``moves=True``
+        (an object built with ``moves``, and ``prev_labels``): instead of adding every row into the
+        accumulators, move each row whose label changed between the float64 ``move_sums`` and
+        ``move_counts``."""
+        if moves and (self.move_sums is None or prev_labels is None):
+            raise ValueError("moves=True needs an AssignPass built with moves=True, and prev_labels")
         n, d = x.shape
         prepared = prepare_centroids(c32, offset, x.dtype, fast=self.fast and not self.small_d, split=self.split,
                                      exact=self.check or not (self.fast or self.small_d), zero=(self.acc, self.flag_count, *zero) if clear else (self.flag_count, *zero),
@@ -882,6 +912,8 @@ class AssignPass:
         control_args = {"control_ptr": given(control, torch.int32, name="control"), "HAS_CONTROL": control is not None}
         accumulate = self.update != UPDATE_NONE
         if self.small_d:
+            if moves:
+                raise ValueError(f"moves=True needs the tensor-core pass (d > {SMALL_D})")
             if self.main_grid:
                 launcher(_assign_small_d_kernel)[(self.main_grid,)](
                     x, c32, given(offset, name="offset"), given(row_scale, name="scale"),
@@ -915,6 +947,9 @@ class AssignPass:
             HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, HAS_WEIGHT=sample_weight is not None,
             STORE_SQ_DIST=sq_dist is not None, HAS_PREV=prev_labels is not None, UPDATE=self.update,
         )
+        if moves:
+            common.update(acc_ptr=self.move_acc, counts_offset=self.k * d, n_replicas=1, KP=16, DP=16,
+                          UPDATE=UPDATE_DELTA)
         split_research = bool(self.recheck_grid) and self.research_chunks > 1
         keys = self.research_keys if split_research else spare("keys", torch.int64)
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot

@@ -251,28 +251,35 @@ def _finish_kernel(
     part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, control_ptr,
     k, d,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, HAS_CONTROL: tl.constexpr,
+    PARTS_BLOCK: tl.constexpr,
 ):
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
         go = tl.load(control_ptr) == 0
     if go:
-        _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
-                     part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE)
+        if tl.program_id(0) < tl.cdiv(k, BLOCK_K):
+            _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
+                         stats_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE)
+        else:
+            _partials_body(part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr,
+                           tl.program_id(0) - tl.cdiv(k, BLOCK_K), PARTS_BLOCK)
 
 
 @triton.jit
 def _finish_body(
-    acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
-    part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, k, d,
+    acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr, stats_ptr, k, d,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_K + tl.arange(0, BLOCK_K)
     row_mask = rows < k
     dims0 = tl.arange(0, BLOCK_D)
-    counts = tl.zeros((BLOCK_K,), tl.float32)
-    for r in range(0, n_replicas):
-        counts += tl.load(acc_counts_ptr + r * k + rows, mask=row_mask, other=0.0)
+    # Sums in the accumulators' dtype (float32 replicas, or the float64 sums kept across passes).
+    acc_dtype = acc_sums_ptr.dtype.element_ty
+    counts_acc = tl.zeros((BLOCK_K,), acc_dtype)
+    for r in range(n_replicas):
+        counts_acc += tl.load(acc_counts_ptr + r * k + rows, mask=row_mask, other=0.0)
+    counts = counts_acc.to(tl.float32)
     tl.store(counts_ptr + rows, counts, mask=row_mask)
     filled = counts > 0
     divisor = tl.where(filled, counts, 1.0)
@@ -283,9 +290,10 @@ def _finish_body(
         dims = d0 + dims0
         mask = row_mask[:, None] & (dims < d)[None, :]
         offs = rows.to(tl.int64)[:, None] * d + dims[None, :]
-        s = tl.zeros((BLOCK_K, BLOCK_D), tl.float32)
-        for r in range(0, n_replicas):
-            s += tl.load(acc_sums_ptr + r * k * d + offs, mask=mask, other=0.0)
+        s_acc = tl.zeros((BLOCK_K, BLOCK_D), acc_dtype)
+        for r in range(n_replicas):
+            s_acc += tl.load(acc_sums_ptr + r * k * d + offs, mask=mask, other=0.0)
+        s = s_acc.to(tl.float32)
         tl.store(sums_ptr + offs, s, mask=mask)
         old = tl.load(c_ptr + offs, mask=mask, other=0.0)
         # Clusters with no weight keep their centroid: never NaN.
@@ -314,17 +322,23 @@ def _finish_body(
             shift += tl.sum((new - old) * (new - old), axis=1)
     tl.atomic_add(stats_ptr + 1, tl.sum(shift, axis=0).to(tl.float64), sem="relaxed")
     tl.atomic_add(stats_ptr + 3, tl.sum((row_mask & (counts <= 0)).to(tl.float64), axis=0), sem="relaxed")
-    if pid == 0:
-        # The pass's per-program partials, summed in a fixed order.
-        parts = tl.arange(0, 1024)
-        inertia = tl.zeros((1024,), tl.float64)
-        changed = tl.zeros((1024,), tl.int64)
-        for p0 in range(0, n_parts, 1024):
-            m = p0 + parts < n_parts
-            inertia += tl.load(part_inertia_ptr + p0 + parts, mask=m, other=0.0).to(tl.float64)
-            changed += tl.load(part_changed_ptr + p0 + parts, mask=m, other=0)
-        tl.store(stats_ptr, tl.sum(inertia, axis=0))
-        tl.store(stats_ptr + 2, tl.sum(changed, axis=0).to(tl.float64))
+
+
+@triton.jit
+def _partials_body(part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, block, PARTS_BLOCK: tl.constexpr):
+    """Block ``block`` of the pass's per-program partials (inertia, changed labels), added into the
+    statistics. One program per 8 x PARTS_BLOCK partials, its loads all in flight at once: a pass
+    over millions of rows leaves tens of thousands of partials, and one program walking them one
+    load after another took 0.1 ms (H200, 3.9M rows)."""
+    inertia = tl.zeros((PARTS_BLOCK,), tl.float64)
+    changed = tl.zeros((PARTS_BLOCK,), tl.int64)
+    for j in tl.static_range(8):
+        parts = (block * 8 + j) * PARTS_BLOCK + tl.arange(0, PARTS_BLOCK)
+        m = parts < n_parts
+        inertia += tl.load(part_inertia_ptr + parts, mask=m, other=0.0).to(tl.float64)
+        changed += tl.load(part_changed_ptr + parts, mask=m, other=0)
+    tl.atomic_add(stats_ptr, tl.sum(inertia, axis=0), sem="relaxed")
+    tl.atomic_add(stats_ptr + 2, tl.sum(changed, axis=0).to(tl.float64), sem="relaxed")
 
 
 def finish_update(
@@ -343,21 +357,25 @@ def finish_update(
 ) -> None:
     """The update step of a Lloyd iteration, in one launch and in place.
 
-    ``acc_sums`` (R, k, d) / ``acc_counts`` (R, k): the pass's accumulator replicas, reduced into
-    ``sums`` (k, d) and ``counts`` (k,). ``centroids`` (k, d, float32) move to the means (kept where
-    a cluster has no weight; renormalised when ``normalize``), their previous values go to
-    ``old_centroids``. ``stats`` (float64 (4,), with entries 1 and 3 zero on entry) receives
-    ``[inertia, shift, changed, empty]``: the sums of the pass's per-program partials, the total
-    squared centroid movement, and the number of clusters with no weight. Nothing happens while
-    ``control[0]`` is set (see ``prepare_centroids``).
+    ``acc_sums`` (R, k, d) / ``acc_counts`` (R, k): the pass's accumulator replicas (float32, or
+    float64), reduced into ``sums`` (k, d) and ``counts`` (k,) (float32). ``centroids`` (k, d,
+    float32) move to the means (kept where a cluster has no weight; renormalised when
+    ``normalize``), their previous values go to ``old_centroids``. ``stats`` (float64 (4,), zero on
+    entry) receives ``[inertia, shift, changed, empty]``: the sums of the pass's per-program
+    partials, the total squared centroid movement, and the number of clusters with no weight.
+    Nothing happens while ``control[0]`` is set (see ``prepare_centroids``).
     """
     k, d = centroids.shape
     block_k = 16
     block_d = min(64, max(16, triton.next_power_of_2(d)))
-    launcher(_finish_kernel)[(max(1, triton.cdiv(k, block_k)),)](
+    parts_block = 512
+    # Programs for the centroids, then programs summing blocks of the partials (``_partials_body``).
+    grid = triton.cdiv(k, block_k) + max(1, triton.cdiv(part_inertia.numel(), 8 * parts_block))
+    launcher(_finish_kernel)[(grid,)](
         acc_sums, acc_counts, acc_sums.shape[0], centroids, old_centroids, sums, counts,
         part_inertia, part_changed, part_inertia.numel(), stats, stats if control is None else control, k, d,
         BLOCK_K=block_k, BLOCK_D=block_d, NORMALIZE=normalize, HAS_CONTROL=control is not None,
+        PARTS_BLOCK=parts_block,
     )
 
 
@@ -366,7 +384,7 @@ def finish_update_reference(
     part_changed: torch.Tensor, *, normalize: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pure-torch reference: ``(new_centroids, sums, counts, stats)``."""
-    sums, counts = acc_sums.sum(0), acc_counts.sum(0)
+    sums, counts = acc_sums.sum(0).float(), acc_counts.sum(0).float()
     filled = counts > 0
     new = torch.where(filled[:, None], sums / torch.where(filled, counts, 1.0)[:, None], centroids)
     if normalize:

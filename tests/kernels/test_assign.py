@@ -80,6 +80,51 @@ def test_fused_update_matches_reference(k, d, search):
     torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("search", ["lazy", "eager"])
+@pytest.mark.parametrize("k", [5, 100])
+@pytest.mark.parametrize("d", [17, 65])
+def test_moves_keep_the_float64_sums_of_rows_by_label(k, d, search):
+    """``moves=True`` over a row list: only listed rows whose label changed move between the
+    float64 sums and counts, so they stay the weighted sums of the rows by their current label.
+    Three copies of one centroid defer rows to the re-search, whose launch moves them too."""
+    from torchkm._kernels.assign import AssignPass
+
+    n = 300
+    x, c = _data(n, d, k, seed=31 * d + k)
+    c[1:3] = c[0]
+    w = torch.rand(n, device=DEVICE)
+    offset = torch.randn(d, device=DEVICE) * 0.1
+    labels = torch.randint(0, k, (n,), dtype=torch.int32, device=DEVICE)
+    p = AssignPass(x, k, "exact", update=True, lower_bounds=True, moves=True, config=_search_config(search, d))
+
+    def by_label(lab):  # rows as the kernel forms them (fp32), summed in float64
+        rows = ((x - offset) * w[:, None]).double()
+        sums = torch.zeros(k, d, dtype=torch.float64, device=DEVICE).index_add_(0, lab.long(), rows)
+        return sums, torch.zeros(k, dtype=torch.float64, device=DEVICE).index_add_(0, lab.long(), w.double())
+
+    start_sums, start_counts = by_label(labels)
+    p.move_sums[0].copy_(start_sums)
+    p.move_counts[0].copy_(start_counts)
+    listed = torch.randperm(n, generator=torch.Generator().manual_seed(d))[:200].sort().values
+    row_index = listed.to(torch.int32).to(DEVICE)
+    before = labels.clone()
+    p(x, c, offset=offset, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=w, prev_labels=labels,
+      labels=labels, sq_dist=torch.empty(n, device=DEVICE),
+      rows=(row_index, torch.tensor([listed.numel()], dtype=torch.int32, device=DEVICE)), moves=True)
+    unlisted = torch.ones(n, dtype=torch.bool, device=DEVICE)
+    unlisted[listed.to(DEVICE)] = False
+    assert torch.equal(labels[unlisted], before[unlisted])
+    _check_labels(x[listed.to(DEVICE)] - offset, c, labels[listed.to(DEVICE)].long(), "exact")
+    assert int(p.flag_count) > 0  # the re-search moved rows as well
+    assert bool((labels != before).any())
+    want_sums, want_counts = by_label(labels)
+    torch.testing.assert_close(p.move_sums[0], want_sums, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(p.move_counts[0], want_counts, rtol=1e-12, atol=1e-9)
+    with pytest.raises(ValueError, match="moves=True"):
+        AssignPass(x, k, "exact", update=True)(x, c, offset=offset, row_scale=None, raw_norms=x.norm(dim=1),
+                                                sample_weight=None, prev_labels=labels, labels=labels, moves=True)
+
+
 @pytest.mark.parametrize("search", ["eager", "lazy", "swap"])
 def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     """Rows with a third candidate inside the bound are re-searched; rows with two are settled in the

@@ -45,8 +45,9 @@ def test_finish_matches_reference(k, d, replicas, normalize):
     c = torch.randn(k, d, generator=g).to(DEVICE)
     if normalize:
         c = c / c.norm(dim=1, keepdim=True)
-    part_inertia = torch.rand(1500, generator=g).to(DEVICE)
-    part_changed = torch.randint(0, 50, (1500,), generator=g).to(DEVICE)
+    # Partials over several of the programs that sum them (4,096 each).
+    part_inertia = torch.rand(9000, generator=g).to(DEVICE)
+    part_changed = torch.randint(0, 50, (9000,), generator=g).to(DEVICE)
     new_want, sums_want, counts_want, stats_want = finish_update_reference(
         acc_sums, acc_counts, c, part_inertia, part_changed, normalize=normalize)
     centroids = c.clone()
