@@ -13,7 +13,8 @@ import os
 import torch
 import triton
 
-__all__ = ["assign_config", "exact_as_tf32x3", "num_persistent_programs", "small_d_launch", "update_config"]
+__all__ = ["assign_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
+           "update_config"]
 
 
 def _override(precision: str) -> dict | None:
@@ -31,7 +32,8 @@ def _config(bn: int, bk: int, bd: int, warps: int, stages: int, eager: bool, *, 
             "SWAP": swap}
 
 
-def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *, transposed: bool = True) -> dict:
+def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *, transposed: bool = True,
+                  row_list: bool = False) -> dict:
     """Tile sizes for the fused assignment kernel (``EAGER``: reduce each centroid tile per row at once;
     ``SWAP``: scores as (centroids x rows), the resident row tile as the right operand).
 
@@ -40,7 +42,9 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     exact mode reduces eagerly (it keeps the best two candidates with their indices), except in the
     transposed search and for rows of at most 32 features. From the H200 sweep of 2026-11-21 (only
     configs without register spills under ptxas were tried), and for the transposed search the
-    H100 sweeps of the same day (which spill a few hundred bytes and are faster anyway). ``transposed=False``: never the transposed search.
+    H100 sweeps of the same day (which spill a few hundred bytes and are faster anyway).
+    ``transposed=False``: never the transposed search. ``row_list``: the pass searches lists of rows
+    (the bounds engine).
     """
     override = _override(precision)
     if override is not None:
@@ -70,8 +74,13 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
         # timed fused pass, 245,760 x 32): k = 1024 exact fp32 0.403 -> 0.236 ms, bf16 0.345 ->
         # 0.206, fast fp32 0.161 -> 0.133; k = 32 exact fp32 0.129 -> 0.102, fast fp32 0.077 ->
         # 0.057. bf16's fast pass measured best with its general config below (64 rows).
+        # Over a row list, 64-row tiles lose a third: H200, 3.9M x 32, k = 1024, the exact pass took
+        # 1.64 ns per row over a list of all rows against 1.24 without a list; 128-row tiles 1.16
+        # and 1.13, and 1.30 against 1.82 over a shuffled list of 12 % of the rows
+        # (scripts/diag_rowlist.py, 2026-11-22).
         if exact:
-            return _config(64 if operand_bytes == 4 and k > 64 else 128, min(32, k_tile), d_pad, 4, 2, False)
+            rows = 64 if operand_bytes == 4 and k > 64 and not row_list else 128
+            return _config(rows, min(32, k_tile), d_pad, 4, 2, False)
         if operand_bytes == 4:
             return _config(128, min(32, k_tile), d_pad, 4, 2, False)
         return _config(64, min(64, k_tile), d_pad, 4, 2, False)
@@ -106,6 +115,18 @@ def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:
     warps, lazy); at k = 1024 the best two win, 0.236 against 0.280 (the best 3xTF32 tiles).
     """
     return dtype == torch.float32 and triton.next_power_of_2(d) <= 32 and k <= 64
+
+
+def settle_config(d: int) -> dict:
+    """Rows per tile and warps of the bounds engine's settle pass (``prune._settle_kernel``);
+    ``TORCHKM_SETTLE_CONFIG`` (``BLOCK_N,num_warps``) overrides it for experiments."""
+    spec = os.environ.get("TORCHKM_SETTLE_CONFIG")
+    if spec:
+        block_n, warps = (int(v) for v in spec.split(","))
+        return {"BLOCK_N": block_n, "num_warps": warps}
+    # H200, 3.9M x 32, k = 1024 (scripts/diag_bounds.py, 2026-11-22): 227 us per pass at 256 rows
+    # and 4 warps; 245 at 128 / 4, 243 at 64 / 2, 278 at 256 / 8, 300 at 512 / 8.
+    return {"BLOCK_N": 256, "num_warps": 4}
 
 
 def update_config(d: int) -> dict:

@@ -17,10 +17,12 @@ Two engines with the interface of ``lloyd.LloydEngine`` (``iterate``, ``read``, 
 ``BoundsEngine`` -- the same idea at tensor-core granularity (Hamerly's bounds). Each row keeps a
     lower bound on its distance to every centroid but its own, taken from the second-best score of
     the exact pass and lowered by the largest centroid move after each update. A settle pass reads
-    every row once: it computes the exact distance to the row's own (moved) centroid, adds the row
-    to its cluster's sums when that distance is below the bound, and otherwise appends the row to a
+    every row once: it computes the exact distance to the row's own (moved) centroid, and when
+    that distance is below the bound the row keeps its cluster; otherwise it appends the row to a
     compact list. Only the listed rows go through the fused tensor-core search (persistent over the
-    list, whose length stays on the device), so converged rows cost one read and no search.
+    list, whose length stays on the device). The per-cluster sums are kept across passes in
+    float64, and only the rows whose label changed move between them, so a converged row costs one
+    read of x: no search, no atomics.
 
 Exactness: the bounds carry relative margins larger than fp32 rounding, so a row is kept only when
 its own centroid is nearer than every other by more than the rounding of an fp32 distance; the
@@ -40,21 +42,15 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    UPDATE_CARRY,
     UPDATE_NONE,
-    UPDATE_ONEHOT,
     accumulate_rows,
-    carries,
-    carry_rows,
-    flush_carry,
     launcher,
     load_rows,
     onehot_width,
-    persistent_grid,
 )
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update
-from .configs import assign_config, num_persistent_programs
+from .configs import assign_config, settle_config
 from .lloyd import ReplayedEngine, device_tol
 
 __all__ = [
@@ -357,12 +353,11 @@ class TriangleEngine:
 
 @triton.jit
 def _settle_kernel(
-    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_ptr, shift_top_ptr,
-    active_rows_ptr, active_count_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_base,
-    control_ptr, stats_prev_ptr, iteration, tol,
-    n, k, d, stride_xn, stride_xd, n_replicas, margin,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
+    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_top_ptr,
+    active_rows_ptr, active_count_ptr, part_inertia_ptr, part_base, control_ptr, stats_prev_ptr, iteration, tol,
+    n, d, stride_xn, stride_xd, margin,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_CONTROL: tl.constexpr, CHECK_STOP: tl.constexpr,
 ):
     go = True
@@ -370,55 +365,29 @@ def _settle_kernel(
         # This runs before the iteration's preparation, which sets the frozen flag: same rule.
         go = block_frozen(control_ptr, stats_prev_ptr, iteration, tol, CHECK_STOP) == 0
     if go:
-        _settle_programs(
-            x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_top_ptr,
-            active_rows_ptr, active_count_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_base,
-            n, k, d, stride_xn, stride_xd, n_replicas, margin,
-            BLOCK_N, BLOCK_D, KP, ONE_CHUNK, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, UPDATE)
-
-
-@triton.jit
-def _settle_programs(
-    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_top_ptr,
-    active_rows_ptr, active_count_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_base,
-    n, k, d, stride_xn, stride_xd, n_replicas, margin,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    replica = pid % n_replicas
-    sums_ptr = acc_ptr + replica * k * d  # the assignment pass's accumulators (see AssignPass)
-    counts_ptr = acc_ptr + counts_offset + replica * k
-    # The other centroids moved by at most the largest shift but the row's own centroid's.
-    top1 = tl.load(shift_top_ptr)
-    top2 = tl.load(shift_top_ptr + 1)
-    top_index = tl.load(shift_top_ptr + 2).to(tl.int64)
-    # UPDATE == 3: the program's partial sums, carried across its tiles (unused otherwise).
-    acc_sums = tl.zeros((KP, BLOCK_D), tl.float32)
-    acc_counts = tl.zeros((KP,), tl.float32)
-    inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
-    for t in range(pid, tl.cdiv(n, BLOCK_N), tl.num_programs(0)):
-        i, acc_sums, acc_counts = _settle_tile(
-            t, x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, active_rows_ptr,
-            active_count_ptr, sums_ptr, counts_ptr, acc_sums, acc_counts, top1, top2, top_index,
-            n, k, d, stride_xn, stride_xd, margin,
-            BLOCK_N, BLOCK_D, KP, ONE_CHUNK, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, UPDATE)
-        inertia += i
-    if UPDATE == 3:
-        flush_carry(sums_ptr, counts_ptr, acc_sums, acc_counts, k, d, KP, BLOCK_D)
-    tl.store(part_inertia_ptr + part_base + pid, inertia)
+        inertia = _settle_tile(
+            tl.program_id(0), x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr,
+            active_rows_ptr, active_count_ptr, shift_top_ptr, n, d, stride_xn, stride_xd, margin,
+            BLOCK_N, BLOCK_D, ONE_CHUNK, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT)
+        tl.store(part_inertia_ptr + part_base + tl.program_id(0), inertia)
 
 
 @triton.jit
 def _settle_tile(
     t, x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, active_rows_ptr,
-    active_count_ptr, sums_ptr, counts_ptr, acc_sums, acc_counts, top1, top2, top_index,
-    n, k, d, stride_xn, stride_xd, margin,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, UPDATE: tl.constexpr,
+    active_count_ptr, shift_top_ptr, n, d, stride_xn, stride_xd, margin,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
 ):
+    """One tile of rows: settle the rows whose own centroid stays nearer than the lowered bound (their
+    exact distance, new bound and inertia), list the others for the search. Returns the inertia
+    of the settled rows; their cluster (and so the sums) does not change."""
     rows = (tl.zeros((BLOCK_N,), tl.int64) + t) * BLOCK_N + tl.arange(0, BLOCK_N)  # t may be a Python int (interpreter)
     row_mask = rows < n
+    # The other centroids moved by at most the largest shift but the row's own centroid's.
+    top1 = tl.load(shift_top_ptr)
+    top2 = tl.load(shift_top_ptr + 1)
+    top_index = tl.load(shift_top_ptr + 2).to(tl.int64)
     if HAS_SCALE:
         scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
     else:
@@ -427,7 +396,7 @@ def _settle_tile(
     moved = tl.where(label == top_index, top2, top1)
     lower = tl.sqrt(tl.load(lower_ptr + rows, mask=row_mask, other=0.0))
     lower = tl.maximum(lower * (1.0 - margin) - moved * (1.0 + margin), 0.0)
-    # The exact distance to the row's own moved centroid: the bound's test, the inertia and the sums.
+    # The exact distance to the row's own moved centroid: the bound's test and the inertia.
     dims0 = tl.arange(0, BLOCK_D)
     sq = tl.zeros((BLOCK_N,), tl.float32)
     if ONE_CHUNK:
@@ -453,22 +422,10 @@ def _settle_tile(
     tl.store(sq_dist_ptr + rows, sq, mask=settled)
     tl.store(lower_ptr + rows, lower * lower, mask=settled)
     if HAS_WEIGHT:
-        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
+        w = tl.load(weight_ptr + rows, mask=settled, other=0.0)
     else:
         w = tl.full((BLOCK_N,), 1.0, tl.float32)
-    w = tl.where(settled, w, 0.0)
-    if UPDATE == 3:  # ONE_CHUNK: the row tile is still in registers
-        acc_sums, acc_counts = carry_rows(acc_sums, acc_counts, label, w, xr, KP)
-    elif UPDATE != 0:
-        if ONE_CHUNK:
-            accumulate_rows(sums_ptr, counts_ptr, label, w, settled, xr, dims0, dims0 < d, True, k, d, KP, UPDATE)
-        else:
-            for d0 in range(0, d, BLOCK_D):
-                dims = d0 + dims0
-                xr = load_rows(x_ptr, rows, row_mask, dims, dims < d, stride_xn, stride_xd, offset_ptr, scale,
-                               HAS_OFFSET, HAS_SCALE)
-                accumulate_rows(sums_ptr, counts_ptr, label, w, settled, xr, dims, dims < d, d0 == 0, k, d, KP, UPDATE)
-    return tl.sum(sq * w, axis=0), acc_sums, acc_counts
+    return tl.sum(tl.where(settled, sq * w, 0.0), axis=0)
 
 
 def settle_reference(
@@ -491,9 +448,10 @@ def settle_reference(
 class BoundsEngine(ReplayedEngine):
     """Lloyd iterations with per-row lower bounds and a compacted exact search (module docstring).
 
-    The first pass searches every row (and records its bound); each later pass is: shifts of the
-    centroids, the settle pass (all rows, one read), the preparation of the centroids, the search of
-    the listed rows (persistent; the exact mode's re-search after it), and ``finish_update``.
+    The first pass searches every row (and records its bound and the sums); each later pass is:
+    shifts of the centroids, the settle pass (all rows, one read), the preparation of the
+    centroids, the search of the listed rows (persistent; the exact mode's re-search after it;
+    rows that change cluster move between the float64 sums), and ``finish_update``.
     Needs the exact mode's best two candidates, so d > 8.
     """
 
@@ -518,15 +476,16 @@ class BoundsEngine(ReplayedEngine):
         self.tol_device = device_tol(tol)
         self.x, self.labels = x, labels
         self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
-        self.settle_block = 128
-        self.settle_grid = triton.cdiv(n, self.settle_block)
-        if carries(k, d):  # the settle pass carries its sums like the assignment pass (see ``carries``)
-            self.settle_grid = persistent_grid(self.settle_grid, num_persistent_programs(device))
+        self.settle_cfg = settle_config(d)
+        self.settle_grid = triton.cdiv(n, self.settle_cfg["BLOCK_N"])
         # The row-oriented search: the transposed one was not measured (nor run on a GPU) with the
-        # lower bounds and row lists of this engine.
+        # lower bounds and row lists of this engine. After the full pass, the sums are kept across
+        # passes in float64 and only the rows whose label changed move between them (``moves``):
+        # a settled row costs one read of x and no atomics.
         self.assign_pass = AssignPass(x, k, "exact", update=True, extra_partials=self.settle_grid,
-                                      config=assign_config(n, k, d, x.dtype, "exact", transposed=False),
-                                      lower_bounds=True)
+                                      config=assign_config(n, k, d, x.dtype, "exact", transposed=False,
+                                                           row_list=True),
+                                      lower_bounds=True, moves=True)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
@@ -565,7 +524,11 @@ class BoundsEngine(ReplayedEngine):
         self.active_count.fill_(self.x.shape[0])
         p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
           sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
-        self._finish(None)
+        self._finish(None, p.acc_sums, p.acc_counts)
+        # The sums every later pass changes by the rows that change cluster (before any relocation
+        # of empty clusters, which changes no label).
+        p.move_sums[0].copy_(self.sums)
+        p.move_counts[0].copy_(self.counts)
         self.log[0].copy_(self.record)
 
     def _settle_pass(self) -> None:
@@ -580,33 +543,27 @@ class BoundsEngine(ReplayedEngine):
         shift_top = torch.zeros(3, dtype=torch.float32, device=self.x.device)
         shift_top[: top.values.numel()] = top.values
         shift_top[2] = top.indices[0].to(torch.float32)
-        # In a frozen pass the kernels do nothing, and what these clear is not read.
+        # In a frozen pass the kernels do nothing, and what this clears is not read.
         self.active_count.zero_()
-        p.acc.zero_()
-        # The one-hot pre-reduction of few clusters spills registers on wide chunks (the carried one
-        # holds only the partial sums: see ``carries``).
-        one_chunk = d <= 64 and p.update != UPDATE_ONEHOT
-        block_d = max(16, triton.next_power_of_2(d)) if one_chunk else (16 if p.update == UPDATE_ONEHOT else 32)
+        one_chunk = d <= 64
+        block_d = max(16, triton.next_power_of_2(d)) if one_chunk else 32
         dummy = torch.empty(1, dtype=torch.float32, device=self.x.device)
         launcher(_settle_kernel)[(self.settle_grid,)](
             self.x, self.c, dummy if inp["offset"] is None else inp["offset"],
             dummy if inp["row_scale"] is None else inp["row_scale"],
             dummy if inp["sample_weight"] is None else inp["sample_weight"],
-            self.labels, self.sq_dist, self.lower, shifts, shift_top, self.active_rows, self.active_count,
-            p.acc, p.counts_offset, p.part_inertia, p.extra_base,
-            self.control, self.stats_prev, 0, self.tol_device,
-            n, k, d, self.x.stride(0), self.x.stride(1), p.n_replicas, distance_margin(d),
-            BLOCK_N=self.settle_block, BLOCK_D=block_d,
-            KP=onehot_width(k) if p.update in (UPDATE_ONEHOT, UPDATE_CARRY) else 16,
-            ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None, HAS_SCALE=inp["row_scale"] is not None,
-            HAS_WEIGHT=inp["sample_weight"] is not None, UPDATE=p.update, HAS_CONTROL=True, CHECK_STOP=True,
-            num_warps=4,
+            self.labels, self.sq_dist, self.lower, shift_top, self.active_rows, self.active_count,
+            p.part_inertia, p.extra_base, self.control, self.stats_prev, 0, self.tol_device,
+            n, d, self.x.stride(0), self.x.stride(1), distance_margin(d),
+            BLOCK_D=block_d, ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None,
+            HAS_SCALE=inp["row_scale"] is not None, HAS_WEIGHT=inp["sample_weight"] is not None, HAS_CONTROL=True,
+            CHECK_STOP=True, **self.settle_cfg,
         )
-        # The accumulators already hold the settled rows: the preparation must not clear them.
+        # Settled rows keep their cluster: the listed rows that change it move between the sums.
         p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
           zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
-          control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device)
-        self._finish(self.control)
+          control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device, moves=True)
+        self._finish(self.control, p.move_sums, p.move_counts)
         self.stats_prev.copy_(self.stats[0])
 
     def _settle_passes_run(self, passes: int) -> None:
@@ -620,9 +577,9 @@ class BoundsEngine(ReplayedEngine):
         a pass after one that met a stopping rule, or left a cluster empty, does nothing."""
         self._settle_passes_run(iterations)
 
-    def _finish(self, control: torch.Tensor | None) -> None:
+    def _finish(self, control: torch.Tensor | None, acc_sums: torch.Tensor, acc_counts: torch.Tensor) -> None:
         p = self.assign_pass
-        finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
+        finish_update(acc_sums, acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
                       control=control)
         self.record[:4].copy_(self.stats[0])
