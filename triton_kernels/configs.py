@@ -75,8 +75,8 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
         # 0.206, fast fp32 0.161 -> 0.133; k = 32 exact fp32 0.129 -> 0.102, fast fp32 0.077 ->
         # 0.057. bf16's fast pass measured best with its general config below (64 rows).
         # Over a row list, 64-row tiles lose a third: H200, 3.9M x 32, k = 1024, the exact pass took
-        # 1.64 ns per row over a list of all rows against 1.24 without a list; 128-row tiles 1.16
-        # and 1.13, and 1.30 against 1.82 over a shuffled list of 12 % of the rows
+        # 1.58 ns per row over a list of all rows against 1.18 without a list; 128-row tiles 1.09
+        # and 1.07, and 1.24 against 1.77 over a shuffled list of 12 % of the rows
         # (scripts/diag_rowlist.py, 2026-11-22).
         if exact:
             rows = 64 if operand_bytes == 4 and k > 64 and not row_list else 128
@@ -117,7 +117,7 @@ def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and triton.next_power_of_2(d) <= 32 and k <= 64
 
 
-def settle_config(d: int) -> dict:
+def settle_config() -> dict:
     """Rows per tile and warps of the bounds engine's settle pass (``prune._settle_kernel``);
     ``TORCHKM_SETTLE_CONFIG`` (``BLOCK_N,num_warps``) overrides it for experiments."""
     spec = os.environ.get("TORCHKM_SETTLE_CONFIG")

@@ -476,7 +476,7 @@ class BoundsEngine(ReplayedEngine):
         self.tol_device = device_tol(tol)
         self.x, self.labels = x, labels
         self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
-        self.settle_cfg = settle_config(d)
+        self.settle_cfg = settle_config()
         self.settle_grid = triton.cdiv(n, self.settle_cfg["BLOCK_N"])
         # The row-oriented search: the transposed one was not measured (nor run on a GPU) with the
         # lower bounds and row lists of this engine. After the full pass, the sums are kept across
