@@ -422,6 +422,8 @@ def lloyd(
                 relocated = new_centroids(sums, counts, old_c, data.normalize)
                 shift_f = float(((relocated - old_c) ** 2).sum())
                 new_c = new_c.copy_(relocated) if engine is not None else relocated
+                if engine is not None and hasattr(engine, "centroids_changed"):
+                    engine.centroids_changed()  # the bounds engine lowers its bounds by the moves
             if data.normalize:
                 inertia_f *= 0.5
             c = new_c

@@ -21,7 +21,7 @@ import triton.language as tl
 from ._common import launcher, unused
 
 __all__ = ["Prepared", "finish_update", "finish_update_reference", "prepare_centroids", "prepare_centroids_reference",
-           "round_to_tf32"]
+           "round_to_tf32", "shift_top_reference", "unpack_shift_top"]
 
 
 @triton.jit
@@ -248,18 +248,23 @@ def prepare_centroids_reference(
 @triton.jit
 def _finish_kernel(
     acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
-    part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, control_ptr,
-    k, d,
+    part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, control_ptr, shift_top_ptr, shift_margin,
+    tally_a_ptr, tally_b_ptr, k, d,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, HAS_CONTROL: tl.constexpr,
-    PARTS_BLOCK: tl.constexpr,
+    PARTS_BLOCK: tl.constexpr, SHIFT_TOP: tl.constexpr, TALLIES: tl.constexpr,
 ):
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
         go = tl.load(control_ptr) == 0
     if go:
+        if TALLIES:  # noqa: SIM102 (a compile-time branch around a run-time one)
+            if tl.program_id(0) == 0:
+                # Final since the launches before this one ended.
+                tl.store(stats_ptr + 4, tl.load(tally_a_ptr).to(tl.float64))
+                tl.store(stats_ptr + 5, tl.load(tally_b_ptr).to(tl.float64))
         if tl.program_id(0) < tl.cdiv(k, BLOCK_K):
             _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
-                         stats_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE)
+                         stats_ptr, shift_top_ptr, shift_margin, k, d, BLOCK_K, BLOCK_D, NORMALIZE, SHIFT_TOP)
         else:
             _partials_body(part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr,
                            tl.program_id(0) - tl.cdiv(k, BLOCK_K), PARTS_BLOCK)
@@ -267,8 +272,9 @@ def _finish_kernel(
 
 @triton.jit
 def _finish_body(
-    acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr, stats_ptr, k, d,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr,
+    acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr, stats_ptr, shift_top_ptr,
+    shift_margin, k, d,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, SHIFT_TOP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -321,6 +327,19 @@ def _finish_body(
             tl.store(c_ptr + offs, new, mask=mask)
             shift += tl.sum((new - old) * (new - old), axis=1)
     tl.atomic_add(stats_ptr + 1, tl.sum(shift, axis=0).to(tl.float64), sem="relaxed")
+    if SHIFT_TOP:
+        # The two largest centroid moves (norms, rounded up) with the largest one's index, for the
+        # bounds engine: keys (fp32 bits << 32 | index) order as the moves do (non-negative floats).
+        # Each program offers its best key to slot 0; what that displaces (or its own key, if it
+        # loses), and its second key, go to slot 1. Every key but the overall largest reaches slot
+        # 1 that way, so slot 1 ends as the second largest: no second launch, no ordering.
+        moved = tl.sqrt(shift) * (1.0 + shift_margin)
+        keys = (moved.to(tl.int32, bitcast=True).to(tl.int64) << 32) | rows.to(tl.int64)
+        keys = tl.where(row_mask, keys, 0)
+        first = tl.max(keys, axis=0)
+        second = tl.max(tl.where(keys == first, 0, keys), axis=0)
+        displaced = tl.atomic_max(shift_top_ptr, first, sem="relaxed")
+        tl.atomic_max(shift_top_ptr + 1, tl.maximum(tl.minimum(displaced, first), second), sem="relaxed")
     tl.atomic_add(stats_ptr + 3, tl.sum((row_mask & (counts <= 0)).to(tl.float64), axis=0), sem="relaxed")
 
 
@@ -354,6 +373,9 @@ def finish_update(
     sums: torch.Tensor,
     counts: torch.Tensor,
     control: torch.Tensor | None = None,
+    shift_top: torch.Tensor | None = None,
+    shift_margin: float = 0.0,
+    tallies: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """The update step of a Lloyd iteration, in one launch and in place.
 
@@ -364,8 +386,20 @@ def finish_update(
     entry) receives ``[inertia, shift, changed, empty]``: the sums of the pass's per-program
     partials, the total squared centroid movement, and the number of clusters with no weight.
     Nothing happens while ``control[0]`` is set (see ``prepare_centroids``).
+
+    ``shift_top`` (int64 (2,), zero on entry) receives the two largest centroid moves as keys
+    ``(float32 bits of the move) << 32 | centroid index``: slot 0 the largest, slot 1 the second
+    largest (``unpack_shift_top``). A move is the norm of the centroid's change, rounded up by the
+    relative ``shift_margin``. ``tallies``: two int32 counters the earlier launches of the iteration
+    wrote (e.g. rows searched, rows deferred), copied as float64 into ``stats[4]`` and ``stats[5]``
+    (``stats`` then has at least 6 elements), so that one copy of ``stats`` records the iteration.
     """
+    if shift_top is not None and (shift_top.dtype != torch.int64 or shift_top.numel() != 2):
+        raise ValueError("shift_top must be an int64 tensor of 2 elements")
+    if tallies is not None and stats.numel() < 6:
+        raise ValueError("tallies go to stats[4] and stats[5]: stats needs 6 elements")
     k, d = centroids.shape
+    device = centroids.device
     block_k = 16
     block_d = min(64, max(16, triton.next_power_of_2(d)))
     parts_block = 512
@@ -373,10 +407,27 @@ def finish_update(
     grid = triton.cdiv(k, block_k) + max(1, triton.cdiv(part_inertia.numel(), 8 * parts_block))
     launcher(_finish_kernel)[(grid,)](
         acc_sums, acc_counts, acc_sums.shape[0], centroids, old_centroids, sums, counts,
-        part_inertia, part_changed, part_inertia.numel(), stats, stats if control is None else control, k, d,
+        part_inertia, part_changed, part_inertia.numel(), stats,
+        unused(device, torch.int32) if control is None else control,
+        unused(device, torch.int64) if shift_top is None else shift_top, shift_margin,
+        *(tallies if tallies is not None else (unused(device, torch.int32), unused(device, torch.int32))), k, d,
         BLOCK_K=block_k, BLOCK_D=block_d, NORMALIZE=normalize, HAS_CONTROL=control is not None,
-        PARTS_BLOCK=parts_block,
+        PARTS_BLOCK=parts_block, SHIFT_TOP=shift_top is not None, TALLIES=tallies is not None,
     )
+
+
+def unpack_shift_top(shift_top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(largest move, second largest move, index of the largest)`` from ``finish_update``'s keys."""
+    moves = (shift_top >> 32).to(torch.int32).view(torch.float32)
+    return moves[0], moves[1], shift_top[0] & 0xFFFFFFFF
+
+
+def shift_top_reference(centroids: torch.Tensor, old_centroids: torch.Tensor, shift_margin: float) -> torch.Tensor:
+    """``finish_update``'s ``shift_top`` keys computed with torch (from any two sets of centroids)."""
+    moved = torch.linalg.vector_norm((centroids - old_centroids).float(), dim=1) * (1.0 + shift_margin)
+    keys = (moved.view(torch.int32).to(torch.int64) << 32) | torch.arange(moved.numel(), device=moved.device)
+    top = torch.topk(keys, min(2, keys.numel())).values
+    return torch.cat([top, top.new_zeros(2 - top.numel())])
 
 
 def finish_update_reference(

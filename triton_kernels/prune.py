@@ -49,7 +49,7 @@ from ._common import (
     onehot_width,
 )
 from .assign import SMALL_D, AssignPass
-from .centroids import block_frozen, finish_update
+from .centroids import block_frozen, finish_update, shift_top_reference
 from .configs import assign_config, settle_config
 from .lloyd import ReplayedEngine, device_tol
 
@@ -384,10 +384,12 @@ def _settle_tile(
     of the settled rows; their cluster (and so the sums) does not change."""
     rows = (tl.zeros((BLOCK_N,), tl.int64) + t) * BLOCK_N + tl.arange(0, BLOCK_N)  # t may be a Python int (interpreter)
     row_mask = rows < n
-    # The other centroids moved by at most the largest shift but the row's own centroid's.
-    top1 = tl.load(shift_top_ptr)
-    top2 = tl.load(shift_top_ptr + 1)
-    top_index = tl.load(shift_top_ptr + 2).to(tl.int64)
+    # The other centroids moved by at most the largest move but the row's own centroid's
+    # (``finish_update``'s keys: float32 bits << 32 | index).
+    top_key = tl.load(shift_top_ptr)
+    top1 = (top_key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    top2 = (tl.load(shift_top_ptr + 1) >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    top_index = top_key & 0xFFFFFFFF
     if HAS_SCALE:
         scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
     else:
@@ -476,6 +478,8 @@ class BoundsEngine(ReplayedEngine):
         self.tol_device = device_tol(tol)
         self.x, self.labels = x, labels
         self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
+        # Centroid moves are rounded up by this much: fp32 norms of d differences.
+        self.shift_margin = distance_margin(d)
         self.settle_cfg = settle_config()
         self.settle_grid = triton.cdiv(n, self.settle_cfg["BLOCK_N"])
         # The row-oriented search: the transposed one was not measured (nor run on a GPU) with the
@@ -490,12 +494,15 @@ class BoundsEngine(ReplayedEngine):
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
         self.counts = torch.empty(k, dtype=torch.float32, device=device)
-        self.stats = torch.zeros(1, 4, dtype=torch.float64, device=device)
         self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
-        # A pass ends by writing its record, [inertia, shift, changed, empty, rows searched, rows
-        # deferred], and its statistics into ``stats_prev``, which the next pass of a block checks;
-        # the host copies each record into ``log``.
-        self.record = torch.zeros(6, dtype=torch.float64, device=device)
+        # A pass's record: [inertia, shift, changed, empty] (``stats``), rows searched, rows
+        # deferred, and the keys of the two largest centroid moves (``shift_top``, int64: see
+        # ``finish_update``), which the next settle pass reads. ``finish_update`` writes all of it;
+        # the pass then copies the statistics into ``stats_prev``, which the next pass of a block
+        # checks, and the host the record into ``log``.
+        self.record = torch.zeros(8, dtype=torch.float64, device=device)
+        self.stats = self.record[:4].view(1, 4)
+        self.shift_top = self.record[6:].view(torch.int64)
         self.sq_dist = torch.empty(n, dtype=torch.float32, device=device)
         self.lower = torch.zeros(n, dtype=torch.float32, device=device)
         self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
@@ -503,7 +510,7 @@ class BoundsEngine(ReplayedEngine):
         self.infos: list[PassInfo] = []  # one per row of the last ``read``
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
         # it is replayed as a CUDA graph from its second run on (``ReplayedPass``).
-        self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, 6)
+        self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, self.record.numel())
         self._first = True  # the first pass searches every row: the bounds come from it ("full")
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
@@ -523,7 +530,7 @@ class BoundsEngine(ReplayedEngine):
         p.part_inertia[p.extra_base:].zero_()
         self.active_count.fill_(self.x.shape[0])
         p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
-          sq_dist=self.sq_dist, zero=(self.stats[0],), lower=self.lower)
+          sq_dist=self.sq_dist, zero=(self.record,), lower=self.lower)
         self._finish(None, p.acc_sums, p.acc_counts)
         # The sums every later pass changes by the rows that change cluster (before any relocation
         # of empty clusters, which changes no label).
@@ -534,15 +541,9 @@ class BoundsEngine(ReplayedEngine):
     def _settle_pass(self) -> None:
         p = self.assign_pass
         n, d = self.x.shape
-        k = self.c.shape[0]
         inp = self.inputs
-        # How far each centroid moved since the bounds were taken (c_old: the centroids of
-        # the last pass; empty-cluster relocation may have moved c since).
-        shifts = torch.linalg.vector_norm(self.c - self.c_old, dim=1) * (1.0 + 2.0**-20)
-        top = torch.topk(shifts, min(2, k))
-        shift_top = torch.zeros(3, dtype=torch.float32, device=self.x.device)
-        shift_top[: top.values.numel()] = top.values
-        shift_top[2] = top.indices[0].to(torch.float32)
+        # How far the centroids moved since the bounds were taken: the last ``finish_update``
+        # wrote the two largest moves into ``shift_top`` (``centroids_changed`` after a relocation).
         # In a frozen pass the kernels do nothing, and what this clears is not read.
         self.active_count.zero_()
         one_chunk = d <= 64
@@ -552,7 +553,7 @@ class BoundsEngine(ReplayedEngine):
             self.x, self.c, dummy if inp["offset"] is None else inp["offset"],
             dummy if inp["row_scale"] is None else inp["row_scale"],
             dummy if inp["sample_weight"] is None else inp["sample_weight"],
-            self.labels, self.sq_dist, self.lower, shift_top, self.active_rows, self.active_count,
+            self.labels, self.sq_dist, self.lower, self.shift_top, self.active_rows, self.active_count,
             p.part_inertia, p.extra_base, self.control, self.stats_prev, 0, self.tol_device,
             n, d, self.x.stride(0), self.x.stride(1), distance_margin(d),
             BLOCK_D=block_d, ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None,
@@ -561,7 +562,7 @@ class BoundsEngine(ReplayedEngine):
         )
         # Settled rows keep their cluster: the listed rows that change it move between the sums.
         p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
-          zero=(self.stats[0],), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
+          zero=(self.record,), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
           control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device, moves=True)
         self._finish(self.control, p.move_sums, p.move_counts)
         self.stats_prev.copy_(self.stats[0])
@@ -579,12 +580,15 @@ class BoundsEngine(ReplayedEngine):
 
     def _finish(self, control: torch.Tensor | None, acc_sums: torch.Tensor, acc_counts: torch.Tensor) -> None:
         p = self.assign_pass
-        finish_update(acc_sums, acc_counts, self.c, p.part_inertia, p.part_changed, self.stats[0],
+        finish_update(acc_sums, acc_counts, self.c, p.part_inertia, p.part_changed, self.record,
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
-                      control=control)
-        self.record[:4].copy_(self.stats[0])
-        self.record[4:5].copy_(self.active_count)
-        self.record[5:6].copy_(p.flag_count)
+                      control=control, shift_top=self.shift_top, shift_margin=self.shift_margin,
+                      tallies=(self.active_count, p.flag_count))
+
+    def centroids_changed(self) -> None:
+        """Call after changing ``c`` outside the engine's passes (empty-cluster relocation): the
+        next settle pass lowers the bounds by the moves from ``c_old`` to the new ``c``."""
+        self.shift_top.copy_(shift_top_reference(self.c, self.c_old, self.shift_margin))
 
     def read(self, rows: int) -> list[list[float]]:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their

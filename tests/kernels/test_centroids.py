@@ -2,14 +2,16 @@
 
 import pytest
 import torch
-
-from tests.kernels.conftest import DEVICE, ON_GPU
 from torchkm._kernels.centroids import (
     finish_update,
     finish_update_reference,
     prepare_centroids,
     prepare_centroids_reference,
+    shift_top_reference,
+    unpack_shift_top,
 )
+
+from tests.kernels.conftest import DEVICE, ON_GPU
 
 HALF = [torch.bfloat16, torch.float16] if ON_GPU else [torch.float16]
 
@@ -73,3 +75,52 @@ def test_finish_does_nothing_while_frozen():
                   old_centroids=torch.empty_like(c), sums=torch.empty(4, 3, device=DEVICE),
                   counts=torch.empty(4, device=DEVICE), control=control)
     assert torch.equal(centroids, c) and not stats.any()
+
+
+@pytest.mark.parametrize("k,d", [(1, 3), (7, 1), (40, 17), (1000, 129)])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_finish_records_the_two_largest_moves_and_the_tallies(k, d, normalize):
+    g = torch.Generator().manual_seed(k + 7 * d)
+    c = torch.randn(k, d, generator=g)
+    if normalize:
+        c = c / c.norm(dim=1, keepdim=True)
+    counts = torch.randint(1, 4, (1, k), generator=g).float()
+    if k > 1:
+        counts[0, k // 2] = 0  # an empty cluster does not move
+    acc_sums = (c + torch.randn(k, d, generator=g) * torch.rand(k, 1, generator=g)) * counts[0, :, None]
+    centroids = c.clone().to(DEVICE)
+    old = torch.empty_like(centroids)
+    # Statistics, tallies, and keys in one record, as the bounds engine keeps them.
+    record = torch.zeros(8, dtype=torch.float64, device=DEVICE)
+    shift_top = record[6:].view(torch.int64)
+    tallies = (torch.tensor([123], dtype=torch.int32, device=DEVICE), torch.tensor([45], dtype=torch.int32, device=DEVICE))
+    finish_update(acc_sums[None].to(DEVICE), counts.to(DEVICE), centroids, torch.zeros(3, device=DEVICE),
+                  torch.zeros(3, dtype=torch.int64, device=DEVICE), record, normalize=normalize, old_centroids=old,
+                  sums=torch.empty(k, d, device=DEVICE), counts=torch.empty(k, device=DEVICE),
+                  shift_top=shift_top, shift_margin=2.0**-20, tallies=tallies)
+    moves = torch.linalg.vector_norm((centroids - old).double(), dim=1).cpu()
+    first, second, index = (v.cpu() for v in unpack_shift_top(shift_top))
+    assert int(index) == int(moves.argmax())
+    # Rounded up by the margin, never below the float64 move.
+    assert float(moves.max()) <= float(first) <= float(moves.max()) * (1 + 2.0**-18)
+    second_want = float(moves.topk(2).values[1]) if k > 1 else 0.0
+    assert second_want <= float(second) <= second_want * (1 + 2.0**-18)
+    want_first, want_second, want_index = unpack_shift_top(shift_top_reference(centroids, old, 2.0**-20))
+    assert int(want_index) == int(index)
+    torch.testing.assert_close(torch.stack([first, second]), torch.stack([want_first, want_second]).cpu(), rtol=1e-6,
+                               atol=0.0)
+    assert record[4:6].tolist() == [123.0, 45.0]
+
+
+def test_finish_rejects_bad_shift_top_and_short_stats():
+    c = torch.randn(4, 3, device=DEVICE)
+    common = {"normalize": False, "old_centroids": torch.empty_like(c), "sums": torch.empty(4, 3, device=DEVICE),
+              "counts": torch.empty(4, device=DEVICE)}
+    args = (torch.ones(1, 4, 3, device=DEVICE), torch.ones(1, 4, device=DEVICE), c.clone(),
+            torch.ones(2, device=DEVICE), torch.ones(2, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="int64 tensor of 2"):
+        finish_update(*args, torch.zeros(4, dtype=torch.float64, device=DEVICE),
+                      shift_top=torch.zeros(2, device=DEVICE), **common)
+    one = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="6 elements"):
+        finish_update(*args, torch.zeros(4, dtype=torch.float64, device=DEVICE), tallies=(one, one), **common)

@@ -179,6 +179,34 @@ def test_bounds_engine_with_duplicates_ties_offset_and_weights():
         torch.testing.assert_close(engine.counts.double().cpu(), w_expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("announce", [True, False])
+def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_passes(announce):
+    """A centroid moved between passes (as empty-cluster relocation does) counts as a move once
+    ``centroids_changed`` is called; without the call the stale bounds keep the row in its cluster,
+    which is why the fit loop calls it."""
+    n, d, k = 300, 17, 6
+    x, c = _clustered(n, d, k, seed=21, sigma=0.01)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
+                          sample_weight=None, normalize=False, tol=0.0)
+    for it in range(4):  # converged blobs: centroids barely move, rows settle
+        engine.iterate(has_prev=it > 0)
+        engine.read(1)
+    # Teleport centroid 0 onto a row of another cluster: that row now belongs to it.
+    row = int((labels != 0).nonzero()[0])
+    engine.c[0] = x[row]
+    if announce:
+        engine.centroids_changed()
+    c_before = engine.c.clone()
+    engine.iterate(has_prev=True)
+    engine.read(1)
+    want = assign(x, c_before, precision="exact", raw_norms=torch.linalg.vector_norm(x, dim=1)).labels
+    if announce:
+        np.testing.assert_array_equal(labels.long().cpu().numpy(), want.cpu().numpy())
+    else:
+        assert int(want[row]) == 0 and int(labels[row]) != 0
+
+
 def test_settle_reference_matches_bound_rule():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(50, 5, generator=g)
