@@ -218,3 +218,24 @@ def test_eager_entry_points_launch_without_the_wrap_triton_dispatch(monkeypatch)
     assert len(seen["update"]) == 3 and seen["sq_distances_to"]  # k-means++ of the first batch too
     assert not any(seen["update"] + seen["sq_distances_to"])
     assert wrap_state.is_wrap_triton_enabled()
+
+
+def test_a_pass_of_a_shape_that_already_ran_is_captured_at_its_first_call():
+    from torchkm._kernels.lloyd import ReplayedPass, launch_key
+
+    device = torch.device(DEVICE)
+    x = torch.zeros(5, 3, device=device)
+    key = launch_key("test-warm", 4, {"x": x, "weight": None}, precision="exact")
+    assert key == launch_key("test-warm", 4, {"x": x.clone(), "weight": None}, precision="exact")
+    for other in (launch_key("test-warm", 4, {"x": x[:, :2], "weight": None}, precision="exact"),  # shape, strides
+                  launch_key("test-warm", 4, {"x": x, "weight": x[:, 0]}, precision="exact"),  # a weight
+                  launch_key("test-warm", 5, {"x": x, "weight": None}, precision="exact"),
+                  launch_key("test-warm", 4, {"x": x, "weight": None}, precision="fast")):
+        assert other != key
+    first = ReplayedPass(lambda: x.add_(1), device, graphs=True, warm_key=key)
+    assert first() == "first" and key in ReplayedPass._warm_keys
+    second = ReplayedPass(lambda: x.add_(1), device, graphs=True, warm_key=key)
+    # CPU tensors have no graphs: every call runs eagerly, the first as "first".
+    assert second() == ("capture" if ON_GPU else "first")
+    assert second() == ("replay" if ON_GPU else "eager")
+    assert float(x[0, 0]) == 3.0

@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ import torch
 from .assign import AssignPass
 from .centroids import finish_update
 
-__all__ = ["LloydEngine", "ReplayedEngine", "ReplayedPass", "capture", "device_tol"]
+__all__ = ["LloydEngine", "ReplayedEngine", "ReplayedPass", "capture", "device_tol", "launch_key"]
 
 logger = logging.getLogger("torchkm")
 
@@ -53,9 +54,23 @@ def capture(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGra
     return graph
 
 
+def launch_key(kind: str, k: int, tensors: dict[str, torch.Tensor | None], **flags: object) -> tuple:
+    """What decides which compiled kernels a pass launches (``ReplayedPass``'s ``warm_key``): each
+    tensor's dtype, shape, strides, 16-byte alignment and device (Triton specialises on sizes and
+    strides divisible by 16 and on pointer alignment), which tensors are absent, k, and ``flags``."""
+
+    def of(t: torch.Tensor | None) -> tuple | None:
+        return None if t is None else (t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16, str(t.device))
+
+    return kind, k, tuple((name, of(t)) for name, t in sorted(tensors.items())), tuple(sorted(flags.items()))
+
+
 class ReplayedPass:
     """A pass run many times without a host synchronisation: the first time eagerly (its kernels
     compile), the second captured as a CUDA graph (with ``graphs``) and from then on replayed.
+    A pass whose ``warm_key`` (``launch_key``) matches one that already ran eagerly in this process
+    has its kernels compiled: it is captured at its first call (a fit after the first of the same
+    shape, e.g. ``n_init > 1``, saves one eager pass of host time).
 
     Capturing a whole block of passes costs the host as much as running it eagerly: about 1 ms per
     iteration at 245,760 x 32, more than a short fit spends on the GPU. One captured pass replayed
@@ -66,8 +81,11 @@ class ReplayedPass:
     lists them for the calls since ``begin()``, None for the first call (it compiles).
     """
 
-    def __init__(self, run: Callable[[], None], device: torch.device, graphs: bool, timed: bool = False):
-        self.run, self.device, self.timed = run, device, timed
+    _warm_keys: ClassVar[set[tuple]] = set()  # keys of passes that ran eagerly in this process
+
+    def __init__(self, run: Callable[[], None], device: torch.device, graphs: bool, timed: bool = False,
+                 warm_key: tuple | None = None):
+        self.run, self.device, self.timed, self.warm_key = run, device, timed, warm_key
         self.use_graphs = graphs and device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
         self.calls = 0
@@ -108,7 +126,7 @@ class ReplayedPass:
         if self.graph is not None:
             mark = self._timed(self.graph.replay)
             how = "replay"
-        elif self.use_graphs and self.calls >= 1:
+        elif self.use_graphs and (self.calls >= 1 or (self.warm_key is not None and self.warm_key in self._warm_keys)):
             try:
                 graph = capture(self.run, self.device)
             except RuntimeError as err:  # capture unsupported here: stay eager
@@ -123,6 +141,8 @@ class ReplayedPass:
         elif self.calls == 0:
             self.run()
             how = "first"
+            if self.warm_key is not None:
+                self._warm_keys.add(self.warm_key)
         else:
             mark = self._timed(self.run)
             how = "eager"
@@ -162,12 +182,12 @@ class ReplayedEngine:
         self._passes.timed = value
 
     def _init_passes(self, run: Callable[[], None], device: torch.device, graphs: bool, timed: bool, block: int,
-                     width: int) -> None:
+                     width: int, warm_key: tuple | None = None) -> None:
         """The block state: ``run`` as a ``ReplayedPass``, a ``log`` of ``block`` records of ``width``
         values, and the statistics a pass of a block checks: the previous pass's (``stats_prev``)
         and ``control`` = [frozen, 1] (see ``prepare_centroids``). A block starts unfrozen, after a
         "previous pass" that stops nothing (``_go``)."""
-        self._passes = ReplayedPass(run, device, graphs, timed)
+        self._passes = ReplayedPass(run, device, graphs, timed, warm_key)
         self.log = torch.zeros(block, width, dtype=torch.float64, device=device)
         self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
         self.control = torch.zeros(2, dtype=torch.int32, device=device)
@@ -222,7 +242,9 @@ class LloydEngine(ReplayedEngine):
         self.all_reduce = all_reduce
         self._summed_stats = torch.tensor([0, 2], device=device)  # inertia and changed add up over shards
         # Collectives stay outside graphs: a replay would also replay the all-reduce of a stale buffer.
-        self._init_passes(self._block_iteration, device, graphs and all_reduce is None, timed, self.block, 4)
+        self._init_passes(self._block_iteration, device, graphs and all_reduce is None, timed, self.block, 4,
+                          launch_key("lloyd", k, {"x": x, "labels": labels, **self.inputs}, precision=precision,
+                                     normalize=normalize))
 
     def _iteration(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None

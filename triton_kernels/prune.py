@@ -51,7 +51,7 @@ from ._common import (
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update, shift_top_reference
 from .configs import assign_config, settle_config
-from .lloyd import ReplayedEngine, device_tol
+from .lloyd import ReplayedEngine, device_tol, launch_key
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -471,9 +471,10 @@ class BoundsEngine(ReplayedEngine):
         device = x.device
         # ``block``: once the first settle pass has run, settle passes run in blocks of this many
         # (``run_block``, one host sync per block), frozen on the device past a stopping rule like
-        # the dense engine's. With ``graphs``, every settle pass after the first replays one
-        # captured pass (a block is a few replays, not a graph of a whole block: capturing one
-        # costs the host as much as running it, more than short fits gain).
+        # the dense engine's. With ``graphs``, every settle pass after the first (from the first,
+        # once a pass of the same shape ran in this process) replays one captured pass (a block is
+        # a few replays, not a graph of a whole block: capturing one costs the host as much as
+        # running it, more than short fits gain).
         self.block, self.block_size, self.normalize = 1, max(1, block), normalize
         self.tol_device = device_tol(tol)
         self.x, self.labels = x, labels
@@ -509,8 +510,9 @@ class BoundsEngine(ReplayedEngine):
         self.info: PassInfo | None = None
         self.infos: list[PassInfo] = []  # one per row of the last ``read``
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
-        # it is replayed as a CUDA graph from its second run on (``ReplayedPass``).
-        self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, self.record.numel())
+        # it is replayed as a CUDA graph from its second run on, or its first when warm (``ReplayedPass``).
+        self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, self.record.numel(),
+                          launch_key("bounds", k, {"x": x, "labels": labels, **self.inputs}, normalize=normalize))
         self._first = True  # the first pass searches every row: the bounds come from it ("full")
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
