@@ -4,12 +4,13 @@ import numpy as np
 import torch
 
 
-def blobs(rng, n, d, k, spread=10.0, sigma=1.0, offset=0.0, dtype=np.float32):
-    """Gaussian blobs: k centres with coordinates uniform in [0, spread), unit-ish clusters."""
+def blobs(rng, n, d, k, spread=10.0, sigma=1.0, offset=0.0, dtype=np.float32, return_blobs=False):
+    """Gaussian blobs: k centres with coordinates uniform in [0, spread), unit-ish clusters.
+    ``return_blobs``: also the blob of each row."""
     centres = rng.uniform(0, spread, size=(k, d))
     which = rng.integers(0, k, size=n)
-    x = centres[which] + sigma * rng.standard_normal((n, d)) + offset
-    return x.astype(dtype)
+    x = (centres[which] + sigma * rng.standard_normal((n, d)) + offset).astype(dtype)
+    return (x, which) if return_blobs else x
 
 
 def f64_sq_distances(x, c):
