@@ -24,16 +24,23 @@ Lloyd iteration reads x once.
 
 Precision (``precision=``):
   ``"fast"``   products in x's dtype on tensor cores: tf32 for fp32 input, native fp16/bf16.
-  ``"exact"``  the fast pass also keeps the best two candidates and the third-best score. A row
-               whose best-two gap is within the rounding bound of the fast products is settled by
-               direct fp32 distances to both candidates; a row with a third score inside the bound
-               too is re-searched with 3xTF32 products against all centroids (persistent
-               launches over just those rows, the centroids split into chunks across program
-               columns, then the rows' epilogue). Labels then equal those of an fp32 computation up to
-               ties within fp32 rounding. For bf16 rows the centroids enter as two bf16 parts
-               (two products per tile), which leaves few rows inside the bound. For fp32 rows of
-               at most 32 features and at most 64 centroids, every row is searched with 3xTF32
-               products instead (cheaper there; ``configs.exact_as_tf32x3``).
+  ``"exact"``  the fast pass also keeps the best two candidates and the third-best score. Each
+               row's best two are compared by direct fp32 distances. A row is re-searched with
+               3xTF32 products against all centroids (persistent launches over just those rows,
+               the centroids split into chunks across program columns, then the rows' epilogue)
+               when the third score could hide a closer centroid: the third score, less the bound
+               on the error of the rows' operand rounding and the fp32 sums
+               (``score_bound_coefficients``), and less what rounding the centroids can add,
+               ``2 (x - c).r + ||r||^2`` for a centroid rounded by ``r`` (bounded through the
+               distance itself, so it is small for the close centroids that decide), must leave a
+               distance above the winner's. Labels then equal those of an fp32 computation up to
+               ties within fp32 rounding. Scaled (cosine) rows, and fp32 rows of at most 32
+               features, use a cruder bound on the whole gap in raw-row units
+               (``gap_bound_coefficient``; the best two compared directly only inside it); for
+               scaled bf16 rows the centroids then enter as two bf16 parts (two products per
+               tile), which leaves few rows inside it.
+               For fp32 rows of at most 32 features and at most 64 centroids, every row is searched
+               with 3xTF32 products instead (cheaper there; ``configs.exact_as_tf32x3``).
   ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
 transformed copy of x ever exists.
@@ -42,7 +49,7 @@ transformed copy of x ever exists.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -75,7 +82,7 @@ from .configs import (
     small_d_launch,
 )
 
-__all__ = ["PRECISIONS", "AssignOutput", "assign", "assign_reference", "gap_bound_coefficient"]
+__all__ = ["PRECISIONS", "AssignOutput", "assign", "assign_reference", "gap_bound_coefficient", "score_bound_coefficients"]
 
 PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 
@@ -84,12 +91,13 @@ def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, replica, acc_sums, acc_counts,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -261,33 +269,42 @@ def _tile(
             second = tl.minimum(second, tl.min(tl.where(at_best, second_t, float("inf")), axis=1))
     if KEYS == 2:
         label = _label_of_key(tl.load(key_ptr.to(tl.pointer_type(tl.uint64)) + slots, mask=row_mask, other=0))
+    tl.static_assert(not DISTANCE_BOUND or (CHECK and not HAS_SCALE), "the distance bound is for unscaled rows")
     done = row_mask
     if CHECK:
         row_norm = tl.load(norm_ptr + rows, mask=row_mask, other=0.0)
-        # The largest centroid norm (a few cached loads per tile of rows).
+        # The largest centroid norm, residual norm and |bias| (a few cached loads per tile of rows).
         c_norms = tl.zeros((BLOCK_K,), tl.float32)
+        residuals = tl.zeros((BLOCK_K,), tl.float32)
+        biases = tl.zeros((BLOCK_K,), tl.float32)
         for k0 in range(0, k, BLOCK_K):
-            c_norms = tl.maximum(c_norms, tl.load(c_norm_ptr + k0 + tile_cols, mask=k0 + tile_cols < k, other=0.0))
+            kmask = k0 + tile_cols < k
+            c_norms = tl.maximum(c_norms, tl.load(c_norm_ptr + k0 + tile_cols, mask=kmask, other=0.0))
+            if DISTANCE_BOUND:
+                residuals = tl.maximum(residuals, tl.load(c_norm_ptr + k + k0 + tile_cols, mask=kmask, other=0.0))
+                biases = tl.maximum(biases, tl.load(c_norm_ptr + 2 * k + k0 + tile_cols, mask=kmask, other=0.0))
         c_norm_max = tl.max(c_norms, axis=0)
-        # Scores are in raw-row units, so the bound uses the raw row norm.
-        bound = bound_coef * row_norm * c_norm_max
-        # The true best is among the best two unless a third score is inside the bound too: settle
-        # those rows below from direct fp32 distances; defer the rest to the re-search.
-        resolve = row_mask & (second - best <= bound)
-        flag = row_mask & (third - best <= bound)
-        done = row_mask & (flag == 0)
-        n_flag = tl.sum(flag.to(tl.int32), axis=0)
-        base = tl.atomic_add(flag_count_ptr, n_flag)
-        pos = base + tl.cumsum(flag.to(tl.int32), axis=0) - 1
-        tl.store(flag_rows_ptr + pos, rows, mask=flag)
-        if KEYS == 1:  # clear the split re-search's slots of these rows
-            tl.store(key_ptr.to(tl.pointer_type(tl.uint64)) + pos, tl.zeros((BLOCK_N,), tl.uint64), mask=flag)
+        if DISTANCE_BOUND:
+            # Each score's error besides the centroids' rounding (which the distance bounds below):
+            # the rows' operand rounding and the fp32 accumulation. A little over the residual's
+            # computed norm, for its own rounding.
+            bound = bound_coef * row_norm * c_norm_max + bias_coef * tl.max(biases, axis=0)
+            residual_max = tl.max(residuals, axis=0) * 1.001
+            # Every row's best two are compared by direct fp32 distances (if it has two). (Only
+            # those inside the gap bound: measured slower, 1M x 128 fp32 5.98 -> 6.35 ms.)
+            resolve = row_mask & (second < 3.0e38)
+        else:
+            # Scores are in raw-row units, so the bound uses the raw row norm.
+            bound = bound_coef * row_norm * c_norm_max
+            # The true best is among the best two unless a third score is inside the bound too:
+            # settle those rows below from direct fp32 distances; defer the rest to the re-search.
+            resolve = row_mask & (second - best <= bound)
+            flag = row_mask & (third - best <= bound)
 
     if HAS_WEIGHT:
         w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
     else:
         w = tl.full((BLOCK_N,), 1.0, tl.float32)
-    w = tl.where(done, w, 0.0)
     # Epilogue: the exact distance to the winner (and the sums), reading the rows again from cache,
     # in narrower chunks than the search (64-bit row pointers of a wide chunk would spill).
     epi_dims = tl.arange(0, EPI_D)
@@ -312,20 +329,42 @@ def _tile(
             diff2 = xr - cr2
             sq_dist += tl.sum(diff * diff, axis=1)
             sq_dist2 += tl.sum(diff2 * diff2, axis=1)
-            if STORE_LOWER:
+            if STORE_LOWER or DISTANCE_BOUND:
                 x_sq += tl.sum(xr * xr, axis=1)
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
+        loser_sq = tl.where(take2, sq_dist, sq_dist2)
         label = tl.where(take2, label2, label)
         sq_dist = tl.where(take2, sq_dist2, sq_dist)
+        if DISTANCE_BOUND:
+            # Every other centroid scored at least ``third`` (``_distance_floor``); the winner's
+            # direct distance carries a few roundings too: a margin of (d + 16) units on each.
+            margin = (d + 16) * 1.1920929e-07
+            others_low = _distance_floor(third, x_sq, bound, residual_max, margin)
+            flag = row_mask & (third < 3.0e38) & (others_low <= sq_dist * (1.0 + margin))
+        done = row_mask & (flag == 0)
+        n_flag = tl.sum(flag.to(tl.int32), axis=0)
+        base = tl.atomic_add(flag_count_ptr, n_flag)
+        pos = base + tl.cumsum(flag.to(tl.int32), axis=0) - 1
+        tl.store(flag_rows_ptr + pos, rows, mask=flag)
+        if KEYS == 1:  # clear the split re-search's slots of these rows
+            tl.store(key_ptr.to(tl.pointer_type(tl.uint64)) + pos, tl.zeros((BLOCK_N,), tl.uint64), mask=flag)
         if STORE_LOWER:
             # A lower bound on the squared distance to every centroid but the winner (the pruned
-            # Lloyd's bounds): the loser's score when the pair was settled directly, else the
-            # second-best score, less the rounding bound of the fast products. Deferred rows get 0.
-            lower = tl.where(take2, best, second) - bound
-            if RAW_MMA and HAS_SCALE:
-                lower = lower / raw_norm
-            lower = tl.maximum(lower + x_sq, 0.0)
+            # Lloyd's bounds). Deferred rows get 0.
+            if DISTANCE_BOUND:
+                # The other candidate's direct distance (or, unless compared, what its score
+                # bounds), and what bounds all the others.
+                second_low = _distance_floor(second, x_sq, bound, residual_max, margin)
+                lower = tl.minimum(tl.where(resolve, loser_sq * (1.0 - margin), second_low), others_low)
+            else:
+                # The loser's score when the pair was settled directly, else the second-best score,
+                # less the rounding bound of the fast products.
+                lower = tl.where(take2, best, second) - bound
+                if RAW_MMA and HAS_SCALE:
+                    lower = lower / raw_norm
+                lower = tl.maximum(lower + x_sq, 0.0)
             tl.store(lower_ptr + rows, tl.where(flag, 0.0, lower), mask=row_mask)
+        w = tl.where(done, w, 0.0)
         label64 = label.to(tl.int64)
         if UPDATE == 1 or UPDATE == 2:
             for d0 in range(0, d, EPI_D):
@@ -346,6 +385,7 @@ def _tile(
                                     HAS_OFFSET, HAS_SCALE)
                     move_rows(sums_ptr, counts_ptr, label64, prev64, w, moved, xr, dims, dim_mask, d0 == 0, d)
     else:
+        w = tl.where(done, w, 0.0)
         label64 = label.to(tl.int64)
         if UPDATE == 4:
             prev64 = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int64)
@@ -379,6 +419,21 @@ def _tile(
         tl.store(sq_dist_ptr + rows, sq_dist, mask=done)
     inertia = tl.sum(tl.where(done, sq_dist * w, 0.0), axis=0)
     return inertia, changed, acc_sums, acc_counts
+
+
+@triton.jit
+def _distance_floor(score, x_sq, bound, residual_max, margin):
+    """A lower bound on the squared distance D of a centroid whose fast score is at least ``score``.
+
+    The score is D less ||x||^2 (centred row), give or take ``bound`` and what the centroid's
+    rounding r leaves out: 2 (x - c).r + ||r||^2, at most 2 sqrt(D) R + R^2. So
+    (sqrt(D) + R)^2 >= score + ||x||^2 - bound = T + R^2, and D >= (sqrt(T + R^2) - R)^2. The fp32
+    sums of ||x||^2 and of this formula carry a few roundings of their size: ``margin`` on each.
+    (+inf scores, of no centroid, are clamped: no inf - inf.)"""
+    score_c = tl.minimum(score, 3.0e38)
+    t = score_c + x_sq - bound - margin * (x_sq + tl.abs(score_c)) - residual_max * residual_max
+    root = tl.sqrt(tl.maximum(t, 0.0) + residual_max * residual_max) - residual_max
+    return root * root * (1.0 - margin)
 
 
 @triton.jit
@@ -463,12 +518,13 @@ def _assign_kernel(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     go = True
@@ -479,9 +535,10 @@ def _assign_kernel(
                          c_norm_ptr, row_index_ptr, row_count_ptr,
                          labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base,
-                         n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
+                         n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS,
+                DISTANCE_BOUND)
 
 
 @triton.jit
@@ -490,12 +547,13 @@ def _assign_programs(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base,
-    n, k, d, stride_xn, stride_xd, bound_coef, n_replicas,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -520,9 +578,10 @@ def _assign_programs(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                 c_norm_ptr, row_index_ptr, row_count,
                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
-                n, k, d, stride_xn, stride_xd, bound_coef, replica, acc_sums, acc_counts,
+                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
+                STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS,
+                DISTANCE_BOUND)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -532,9 +591,10 @@ def _assign_programs(
             pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
             c_norm_ptr, row_index_ptr, 0,
             labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
-            n, k, d, stride_xn, stride_xd, bound_coef, replica, acc_sums, acc_counts,
+            n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-            STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS)
+            STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS,
+                DISTANCE_BOUND)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -705,6 +765,26 @@ def gap_bound_coefficient(dtype: torch.dtype, d: int, split: bool = False) -> fl
     return 1.25 * 4.0 * (u_x + u_c + u_x * u_c + d * 2.0**-22)
 
 
+def score_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False) -> tuple[float, float]:
+    """``(A, B)``: the exact mode's bound on one score's error besides the centroids' rounding,
+    ``A ||x|| max||c|| + B max|bias|``, for unscaled rows.
+
+    A score of the fast pass is ``bias - 2 x.c~`` for the centroid ``c~`` it multiplies (rounded:
+    ``c = c~ + r``) and ``bias = ||c~||^2 + 2 m.c~``. Against the exact ``||c||^2 - 2 (x - m).c`` it
+    is off by ``2 (x - m - c).r + ||r||^2``, which the kernel bounds by the row's distance to ``c``
+    and ``max ||r||`` (so close centroids, those that matter, carry small errors), plus what is
+    bounded here: the rows' operand rounding ``2 u_x ||x|| ||c~||`` and the fp32 accumulation of
+    the bias and the ``d`` (``2d`` when split) products, ``gamma (|bias| + 2 ||x|| ||c~||)`` with
+    ``gamma = 2^-22`` per term, as in ``gap_bound_coefficient``; then the bias's own rounding to
+    fp32, and the same 1.25 safety factor.
+    """
+    u_x, u_c = _OPERAND_ERROR[dtype]
+    if split:
+        u_c = u_c * u_c
+    gamma = (2 * d if split else d) * 2.0**-22
+    return 1.25 * 2.0 * (u_x + gamma) * (1.0 + u_c), 1.25 * (gamma + 2.0**-24)
+
+
 def assign(
     x: torch.Tensor,
     centroids: torch.Tensor,
@@ -765,7 +845,7 @@ def assign(
     labels = torch.empty(n, dtype=torch.int64, device=device) if labels is None else labels
     sq_dist = torch.empty(n, dtype=torch.float32, device=device) if store_sq_dist else None
     offset32 = None if offset is None else offset.to(torch.float32).contiguous()
-    run = AssignPass(x, k, precision, update=sums is not None, config=config)
+    run = AssignPass(x, k, precision, update=sums is not None, config=config, scaled=row_scale is not None)
     run(x, c32, offset=offset32, row_scale=row_scale, raw_norms=raw_norms, sample_weight=sample_weight,
         prev_labels=prev_labels, labels=labels, sq_dist=sq_dist)
     if sums is not None:
@@ -790,7 +870,7 @@ class AssignPass:
 
     def __init__(self, x: torch.Tensor, k: int, precision: str, *, update: bool,
                  config: dict | None = None, extra_partials: int = 0, lower_bounds: bool = False,
-                 moves: bool = False):
+                 moves: bool = False, scaled: bool = False):
         n, d = x.shape
         device = x.device
         if precision == "exact" and not lower_bounds and d > SMALL_D and exact_as_tf32x3(k, d, x.dtype):
@@ -803,10 +883,14 @@ class AssignPass:
         self.small_d = d <= SMALL_D
         self.check = precision == "exact" and not self.small_d
         self.fast = precision in ("exact", "fast")
-        # bf16 rows are exact operands: in the exact mode the centroids go in as two bf16 parts (hi +
-        # lo, 16 bits of mantissa between them), so the pass is near-fp32 accurate and few rows are
-        # left to re-search. (Not for fp16, whose small lo parts would fall into its subnormal range.)
-        self.split = self.check and x.dtype == torch.bfloat16
+        # bf16 rows are exact operands, so one product's error is the centroids' rounding, which the
+        # distance bound keeps small for the close centroids that matter (1.3 % of random rows
+        # re-searched at 1M x 128, k = 4096). Scaled (cosine) rows keep the gap bound, so there the
+        # centroids go in as two bf16 parts (hi + lo, 16 bits of mantissa between them: two
+        # products, few rows left to re-search). (Never for fp16, whose small lo parts would fall
+        # into its subnormal range.) ``TORCHKM_BF16_SPLIT=1``/``0`` forces either (experiments).
+        forced = os.environ.get("TORCHKM_BF16_SPLIT")
+        self.split = self.check and x.dtype == torch.bfloat16 and (forced == "1" if forced in ("0", "1") else scaled)
         if not update:
             self.update, n_replicas = UPDATE_NONE, 1
         elif k > onehot_max_k(d):
@@ -839,7 +923,7 @@ class AssignPass:
             self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
             self.recheck_grid = 0
         else:
-            cfg = dict(config or assign_config(n, k, d, x.dtype, precision))
+            cfg = dict(config or assign_config(n, k, d, x.dtype, precision, split=self.split))
             # The exact mode settles rows from the best two candidates: the eager search keeps them per
             # row, the lazy ones (per column slot) the best and second-lowest score of each slot. The
             # transposed search needs the whole row in one chunk and one product (no hi/lo
@@ -872,6 +956,22 @@ class AssignPass:
         if self.main_grid == 0:  # no program writes them
             self.part_inertia.zero_()
             self.part_changed.zero_()
+
+    def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool) -> dict[str, Any]:
+        # Unscaled rows: each score's error besides the centroids' rounding, which the kernel bounds
+        # by the distance (``score_bound_coefficients``); scaled (cosine) rows, or
+        # TORCHKM_EXACT_BOUND=gap (experiments): the whole gap in raw-row units (``gap_bound_coefficient``).
+        # fp32 rows of at most 32 features keep it too: there the epilogue sets the pace and the
+        # distance bound's (every row's second distance, ||x||^2) cost more than the re-search it
+        # saves (H200, 245,760 x 32, k = 1024: 0.230 -> 0.248 ms per pass).
+        if not self.check:
+            return {"bound_coef": 0.0, "bias_coef": 0.0, "DISTANCE_BOUND": False}
+        if (scaled or (dtype == torch.float32 and d <= 32)
+                or os.environ.get("TORCHKM_EXACT_BOUND", "distance") == "gap"):
+            return {"bound_coef": gap_bound_coefficient(dtype, d, split=self.split), "bias_coef": 0.0,
+                    "DISTANCE_BOUND": False}
+        bound, bias = score_bound_coefficients(dtype, d, split=self.split)
+        return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": True}
 
     def __call__(
         self, x: torch.Tensor, c32: torch.Tensor, *, offset: torch.Tensor | None, row_scale: torch.Tensor | None,
@@ -966,7 +1066,7 @@ class AssignPass:
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1], part_base=0,
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
                 KEYS=1 if split_research else 0,
-                bound_coef=gap_bound_coefficient(x.dtype, d, split=self.split) if self.check else 0.0,
+                **self._bound_arguments(x.dtype, d, row_scale is not None),
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
                 PRECISION=("tf32" if x.dtype == torch.float32 else "ieee") if self.fast else self.precision,
@@ -988,7 +1088,7 @@ class AssignPass:
                 x, prepared.c_exact, spare("c_lo"), prepared.bias_exact, row_index_ptr=self.flag_rows,
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
                 flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
-                SPLIT=False, part_base=self.main_grid, bound_coef=0.0,
+                SPLIT=False, part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )

@@ -82,6 +82,7 @@ def _prepare_body(
     shift = tl.zeros((BLOCK_K,), tl.float64)
     sq_exact = tl.zeros((BLOCK_K,), tl.float64)
     norm_sq = tl.zeros((BLOCK_K,), tl.float32)
+    residual_sq = tl.zeros((BLOCK_K,), tl.float32)
     for d0 in range(0, d, BLOCK_D):
         dims = d0 + dims0
         mask = row_mask[:, None] & (dims < d)[None, :]
@@ -98,10 +99,14 @@ def _prepare_body(
                 hi = c.to(c_mma_ptr.dtype.element_ty)
                 tl.store(c_mma_ptr + offs, hi * -2.0, mask=mask)
                 hi64 = hi.to(tl.float64)
+            # c - hi is exact in fp32 (and so is its difference with lo, the rounding of it).
+            residual = c - hi.to(tl.float32)
             if SPLIT:
-                lo = (c - hi.to(tl.float32)).to(c_lo_ptr.dtype.element_ty)
+                lo = residual.to(c_lo_ptr.dtype.element_ty)
                 tl.store(c_lo_ptr + offs, lo * -2.0, mask=mask)
                 hi64 += lo.to(tl.float64)
+                residual = residual - lo.to(tl.float32)
+            residual_sq += tl.sum(residual * residual, axis=1)
             sq += tl.sum(hi64 * hi64, axis=1)
             if HAS_OFFSET:
                 off = tl.load(offset_ptr + dims, mask=dims < d, other=0.0).to(tl.float64)
@@ -110,12 +115,18 @@ def _prepare_body(
             tl.store(c_exact_ptr + offs, c * -2.0, mask=mask)
             c64 = c.to(tl.float64)
             sq_exact += tl.sum(c64 * c64, axis=1)
+    bias_abs = tl.zeros((BLOCK_K,), tl.float32)
     if FAST:
         # ||c||^2 - 2 (x - m).c = (||c||^2 + 2 m.c) - 2 x.c, so the pass multiplies raw rows.
-        tl.store(bias_ptr + rows, (sq + 2.0 * shift).to(tl.float32), mask=row_mask)
+        bias = (sq + 2.0 * shift).to(tl.float32)
+        tl.store(bias_ptr + rows, bias, mask=row_mask)
+        bias_abs = tl.abs(bias)
     if EXACT:
         tl.store(bias_exact_ptr + rows, sq_exact.to(tl.float32), mask=row_mask)
+    # The exact mode's rounding bound: norms, norms of what rounding the centroids left out, |bias|.
     tl.store(c_norm_ptr + rows, tl.sqrt(norm_sq), mask=row_mask)
+    tl.store(c_norm_ptr + k + rows, tl.sqrt(residual_sq), mask=row_mask)
+    tl.store(c_norm_ptr + 2 * k + rows, bias_abs, mask=row_mask)
     # Clear the pass's accumulators, spread over the programs.
     step = tl.num_programs(0) * 1024
     z = tl.arange(0, 1024)
@@ -144,7 +155,9 @@ class Prepared(NamedTuple):
     ``c_mma``/``c_lo``/``bias``: the fast pass's centroids times -2 in the rows' dtype (``c_lo``: the
     low bf16 part when split, else ``c_mma``) and its score bias; ``c_exact``/``bias_exact``: fp32
     centroids times -2 and ``||c||^2`` for the exact products (the re-search, and the reference
-    precisions); ``c_norm``: fp32 norms for the rounding bound.
+    precisions); ``c_norm``: the exact mode's rounding bound, float32 (3k,): the centroid norms,
+    the norms of ``c - c_mma / -2`` (``- c_lo / -2`` too when split: what the pass's centroids leave
+    out), and ``|bias|`` (zero for the reference precisions).
     """
 
     c_mma: torch.Tensor
@@ -191,7 +204,7 @@ def prepare_centroids(
     c_exact = torch.empty(k, d, dtype=torch.float32, device=device) if exact else None
     bias = torch.empty(k, dtype=torch.float32, device=device) if fast else None
     bias_exact = torch.empty(k, dtype=torch.float32, device=device) if exact else None
-    c_norm = torch.empty(k, dtype=torch.float32, device=device)
+    c_norm = torch.empty(3 * k, dtype=torch.float32, device=device)
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
         raise ValueError("zero takes at most one contiguous tensor per dtype")
@@ -226,20 +239,24 @@ def prepare_centroids_reference(
     """Pure-torch reference of ``prepare_centroids`` (without the clearing)."""
     c_exact = (c32 * -2).contiguous()
     bias_exact = c32.double().pow(2).sum(1).float()
-    c_norm = c32.norm(dim=1)
+    norms = c32.norm(dim=1)
     if not fast:
-        return Prepared(c_exact, c_exact, bias_exact, c_exact, bias_exact, c_norm)
+        zeros = torch.zeros_like(norms)
+        return Prepared(c_exact, c_exact, bias_exact, c_exact, bias_exact, torch.cat([norms, zeros, zeros]))
     hi = round_to_tf32(c32) if x_dtype == torch.float32 else c32.to(x_dtype)
     hi64 = hi.double()
     c_lo = None
+    residual = c32 - hi.float()
     if split:
-        c_lo = (c32 - hi.float()).to(x_dtype)
+        c_lo = residual.to(x_dtype)
         hi64 = hi64 + c_lo.double()
+        residual = residual - c_lo.float()
     bias = hi64.pow(2).sum(1)
     if offset is not None:
         bias = bias + 2.0 * (hi64 @ offset.double())
     c_mma = (hi * -2).contiguous()
     c_lo_mma = c_mma if c_lo is None else (c_lo * -2).contiguous()
+    c_norm = torch.cat([norms, residual.norm(dim=1), bias.float().abs()])
     if not exact:
         c_exact, bias_exact = c_mma, bias.float()
     return Prepared(c_mma, c_lo_mma, bias.float(), c_exact, bias_exact, c_norm)

@@ -3,7 +3,9 @@
 The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py --sweep); ``TORCHKM_ASSIGN_CONFIG``
 (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]``) overrides it for experiments, and
 ``TORCHKM_RECHECK_CONFIG`` (same format) the exact mode's re-search, whose centroid chunks
-``TORCHKM_RESEARCH_CHUNKS`` sets (default 8; see ``assign.AssignPass``).
+``TORCHKM_RESEARCH_CHUNKS`` sets (default 8; see ``assign.AssignPass``). Also for experiments:
+``TORCHKM_BF16_SPLIT`` (``1``/``0``: bf16 centroids as hi + lo parts or not) and
+``TORCHKM_EXACT_BOUND=gap`` (the exact mode's bound on the whole gap instead of the distance bound).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _config(bn: int, bk: int, bd: int, warps: int, stages: int, eager: bool, *, 
 
 
 def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *, transposed: bool = True,
-                  row_list: bool = False) -> dict:
+                  row_list: bool = False, split: bool = False) -> dict:
     """Tile sizes for the fused assignment kernel (``EAGER``: reduce each centroid tile per row at once;
     ``SWAP``: scores as (centroids x rows), the resident row tile as the right operand).
 
@@ -44,7 +46,7 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     configs without register spills under ptxas were tried), and for the transposed search the
     H100 sweeps of the same day (which spill a few hundred bytes and are faster anyway).
     ``transposed=False``: never the transposed search. ``row_list``: the pass searches lists of rows
-    (the bounds engine).
+    (the bounds engine). ``split``: bf16 centroids as hi + lo parts (two products per tile).
     """
     override = _override(precision)
     if override is not None:
@@ -86,6 +88,11 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
         return _config(64, min(64, k_tile), d_pad, 4, 2, False)
     swap = transposed and precision == "fast" and k > 64 and d_pad <= one_chunk
     if transposed and exact and operand_bytes == 4 and k > 64 and d_pad == 128:
+        return _config(128, 64, d_pad, 8, 3, False, swap=True)
+    # 16-bit rows, one product (no hi + lo split): the transposed exact search too. H200, 2026-11-22,
+    # fused pass (scripts/diag_exact_bound.py): bf16 1M x 128, k = 4096: 6.01 -> 4.86 ms (6.59 with
+    # the split); SIFT 245,760 x 128: 1.52 -> 1.19; 32,768 x 256, k = 8192: 0.78 -> 0.53 (0.97).
+    if transposed and exact and operand_bytes == 2 and not split and k > 64 and d_pad in (128, 256):
         return _config(128, 64, d_pad, 8, 3, False, swap=True)
     if operand_bytes == 4:
         if swap:
