@@ -865,7 +865,9 @@ class AssignPass:
     the re-search split into centroid chunks). The accumulators and ``flag_count`` must be zero when
     a pass starts: each call clears them as part of the centroids' preparation (the search clears
     the keys of the rows it lists), so a pass is three or four launches (preparation, search,
-    chunked re-search, re-search epilogue) and can be captured in a CUDA graph.
+    chunked re-search, re-search epilogue) and can be captured in a CUDA graph. ``scaled``: the
+    passes will get a ``row_scale`` (cosine rows), which keep the gap bound of the exact mode (and
+    for bf16, hi + lo centroids).
     """
 
     def __init__(self, x: torch.Tensor, k: int, precision: str, *, update: bool,
