@@ -607,10 +607,15 @@ def _assign_small_d_kernel(
     BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     STORE_SQ_DIST: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, HAS_CONTROL: tl.constexpr,
-    REG_ACC: tl.constexpr,
+    REG_ACC: tl.constexpr, COLUMNS: tl.constexpr, KC: tl.constexpr, HOIST: tl.constexpr,
 ):
-    """d <= 8: one row per thread, a loop over the centroids with the distance taken directly from
-    the difference in fp32 (exact up to fp32 rounding of d terms); tensor cores would pad d to 16.
+    """d <= 8: one row per thread, the distance taken directly from the difference in fp32 (exact up
+    to fp32 rounding of d terms); tensor cores would pad d to 16.
+
+    With ``COLUMNS`` (d <= 4) a tile's distances are a (KC centroids x BLOCK_N rows) array: each
+    thread holds a chunk of KC centroids for its rows, loaded together, so its KC distances and
+    their minimum are independent in-thread work. (Without it, a loop over single centroids, each
+    waiting on its own load: 245,760 x 2 ... 100M x 2, k = 32 took 6.9 ms per pass on an H200.)
 
     Each program walks ``tiles_per_program`` consecutive row tiles and keeps its statistics and (few
     clusters) its per-cluster sums in registers, so a pass issues one set of atomics per program, not
@@ -632,9 +637,17 @@ def _assign_small_d_kernel(
         changed_rows = tl.zeros((BLOCK_N,), tl.int32)
         if UPDATE == 1:
             k_cols = tl.arange(0, KP)
-            if REG_ACC:
+            if REG_ACC and COLUMNS:
                 # Few clusters and features: each thread adds its rows into its own (clusters x
                 # features) registers, reduced across threads once, at the program's end.
+                acc_w = tl.zeros((KP, BLOCK_N), tl.float32)
+                acc_0 = tl.zeros((KP, BLOCK_N), tl.float32)
+                if DP > 1:
+                    acc_1 = tl.zeros((KP, BLOCK_N), tl.float32)
+                if DP > 2:
+                    acc_2 = tl.zeros((KP, BLOCK_N), tl.float32)
+                    acc_3 = tl.zeros((KP, BLOCK_N), tl.float32)
+            elif REG_ACC:
                 acc_w = tl.zeros((BLOCK_N, KP), tl.float32)
                 acc_0 = tl.zeros((BLOCK_N, KP), tl.float32)
                 if DP > 1:
@@ -647,6 +660,16 @@ def _assign_small_d_kernel(
                 feature = cols % (d + 1)  # feature d is the weight
                 part = cols // (d + 1)
                 acc = tl.zeros((KP, NC), tl.float32)
+        if COLUMNS and HOIST:
+            # One chunk holds every centroid: loaded once per program, not per tile.
+            chunk = tl.arange(0, KC)
+            chunk_mask = chunk < k
+            h0 = tl.load(c_ptr + chunk * d, mask=chunk_mask, other=float("inf"))
+            if DP > 1:
+                h1 = tl.load(c_ptr + chunk * d + 1, mask=chunk_mask, other=0.0)
+            if DP > 2:
+                h2 = tl.load(c_ptr + chunk * d + 2, mask=chunk_mask, other=0.0)
+                h3 = tl.load(c_ptr + chunk * d + 3, mask=chunk_mask & (chunk * 0 + 3 < d), other=0.0)
         first_row = pid.to(tl.int64) * tiles_per_program * BLOCK_N  # 64-bit: n * stride can pass 2^31
         for t in range(tiles_per_program):
             rows = first_row + t * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -655,17 +678,67 @@ def _assign_small_d_kernel(
                 scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
             else:
                 scale = tl.full((BLOCK_N,), 1.0, tl.float32)
-            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                           HAS_OFFSET, HAS_SCALE)
             best = tl.full((BLOCK_N,), float("inf"), tl.float32)
             label = tl.zeros((BLOCK_N,), tl.int32)
-            for j in range(k):
-                cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
-                diff = xr - cj[None, :]
-                dist = tl.sum(diff * diff, axis=1)
-                better = dist < best  # strict: ties keep the lower index
-                best = tl.where(better, dist, best)
-                label = tl.where(better, j, label)
+            if COLUMNS:
+                x0 = _row_feature(x_ptr, rows, row_mask, 0, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
+                                  HAS_SCALE)
+                if DP > 1:
+                    x1 = _row_feature(x_ptr, rows, row_mask, 1, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
+                                      HAS_SCALE)
+                if DP > 2:
+                    x2 = _row_feature(x_ptr, rows, row_mask, 2, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
+                                      HAS_SCALE)
+                    x3 = _row_feature(x_ptr, rows, row_mask, 3, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
+                                      HAS_SCALE)
+                chunk = tl.arange(0, KC)
+                for j0 in range(0, k, KC):
+                    chunk_cols = j0 + chunk
+                    chunk_mask = chunk_cols < k
+                    if HOIST:
+                        c0 = h0
+                        if DP > 1:
+                            c1 = h1
+                        if DP > 2:
+                            c2 = h2
+                            c3 = h3
+                    else:
+                        # A padded centroid sits at infinity: its distance is +inf and never wins.
+                        c0 = tl.load(c_ptr + chunk_cols * d, mask=chunk_mask, other=float("inf"))
+                        if DP > 1:
+                            c1 = tl.load(c_ptr + chunk_cols * d + 1, mask=chunk_mask, other=0.0)
+                        if DP > 2:
+                            c2 = tl.load(c_ptr + chunk_cols * d + 2, mask=chunk_mask, other=0.0)
+                            c3 = tl.load(c_ptr + chunk_cols * d + 3, mask=chunk_mask & (chunk_cols * 0 + 3 < d), other=0.0)
+                    diff = x0[None, :] - c0[:, None]
+                    dist = diff * diff
+                    if DP > 1:
+                        diff = x1[None, :] - c1[:, None]
+                        dist += diff * diff
+                    if DP > 2:
+                        diff = x2[None, :] - c2[:, None]
+                        dist += diff * diff
+                        diff = x3[None, :] - c3[:, None]
+                        dist += diff * diff
+                    low = tl.min(dist, axis=0)
+                    # The lowest index among the chunk's minima; earlier chunks win ties (strict <).
+                    at = tl.min(tl.where(dist == low[None, :], chunk[:, None], KC), axis=0)
+                    better = low < best
+                    best = tl.where(better, low, best)
+                    label = tl.where(better, j0 + at, label)
+                if (UPDATE == 1 and not REG_ACC) or UPDATE == 2:  # these sums read the row tile
+                    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                   HAS_OFFSET, HAS_SCALE)
+            else:
+                xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                               HAS_OFFSET, HAS_SCALE)
+                for j in range(k):
+                    cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
+                    diff = xr - cj[None, :]
+                    dist = tl.sum(diff * diff, axis=1)
+                    better = dist < best  # strict: ties keep the lower index
+                    best = tl.where(better, dist, best)
+                    label = tl.where(better, j, label)
             if HAS_WEIGHT:
                 w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
             else:
@@ -679,7 +752,16 @@ def _assign_small_d_kernel(
             if STORE_SQ_DIST:
                 tl.store(sq_dist_ptr + rows, best, mask=row_mask)
             inertia_rows += tl.where(row_mask, best * w, 0.0)
-            if UPDATE == 1 and REG_ACC:
+            if UPDATE == 1 and REG_ACC and COLUMNS:
+                onehot = tl.where(k_cols[:, None] == label[None, :], w[None, :], 0.0)
+                acc_w += onehot
+                acc_0 += onehot * x0[None, :]
+                if DP > 1:
+                    acc_1 += onehot * x1[None, :]
+                if DP > 2:
+                    acc_2 += onehot * x2[None, :]
+                    acc_3 += onehot * x3[None, :]
+            elif UPDATE == 1 and REG_ACC:
                 onehot = tl.where(label[:, None] == k_cols[None, :], w[:, None], 0.0)
                 acc_w += onehot
                 acc_0 += onehot * tl.sum(tl.where(dims[None, :] == 0, xr, 0.0), axis=1)[:, None]
@@ -707,17 +789,31 @@ def _assign_small_d_kernel(
         tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
         if UPDATE == 1 and REG_ACC:
             live = k_cols < k
-            tl.atomic_add(counts_ptr + k_cols, tl.sum(acc_w, axis=0), mask=live, sem="relaxed")
-            tl.atomic_add(sums_ptr + k_cols * d, tl.sum(acc_0, axis=0), mask=live, sem="relaxed")
+            axis: tl.constexpr = 1 if COLUMNS else 0
+            tl.atomic_add(counts_ptr + k_cols, tl.sum(acc_w, axis=axis), mask=live, sem="relaxed")
+            tl.atomic_add(sums_ptr + k_cols * d, tl.sum(acc_0, axis=axis), mask=live, sem="relaxed")
             if DP > 1:
-                tl.atomic_add(sums_ptr + k_cols * d + 1, tl.sum(acc_1, axis=0), mask=live, sem="relaxed")  # DP > 1: d >= 2
+                tl.atomic_add(sums_ptr + k_cols * d + 1, tl.sum(acc_1, axis=axis), mask=live, sem="relaxed")  # DP > 1: d >= 2
             if DP > 2:
-                tl.atomic_add(sums_ptr + k_cols * d + 2, tl.sum(acc_2, axis=0), mask=live, sem="relaxed")  # DP > 2: d >= 3
-                tl.atomic_add(sums_ptr + k_cols * d + 3, tl.sum(acc_3, axis=0), mask=live & (k_cols * 0 + 3 < d), sem="relaxed")
+                tl.atomic_add(sums_ptr + k_cols * d + 2, tl.sum(acc_2, axis=axis), mask=live, sem="relaxed")  # DP > 2: d >= 3
+                tl.atomic_add(sums_ptr + k_cols * d + 3, tl.sum(acc_3, axis=axis), mask=live & (k_cols * 0 + 3 < d), sem="relaxed")
         if UPDATE == 1 and not REG_ACC:
             live = (k_cols < k)[:, None] & (part < 3)[None, :]
             tl.atomic_add(sums_ptr + k_cols[:, None] * d + feature[None, :], acc, mask=live & (feature < d)[None, :], sem="relaxed")
             tl.atomic_add(counts_ptr + k_cols[:, None] + feature[None, :] * 0, acc, mask=live & (feature == d)[None, :], sem="relaxed")
+
+
+@triton.jit
+def _row_feature(x_ptr, rows, row_mask, feature: tl.constexpr, d, stride_xn, stride_xd, offset_ptr, scale,
+                 HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """One feature of the rows as the caller sees them, ``(x - offset) * scale``, in fp32 (0 past d)."""
+    mask = row_mask & (rows * 0 + feature < d)
+    value = tl.load(x_ptr + rows * stride_xn + feature * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    if HAS_OFFSET:
+        value = tl.where(mask, value - tl.load(offset_ptr + feature + tl.zeros_like(rows), mask=mask, other=0.0), 0.0)
+    if HAS_SCALE:
+        value = value * scale
+    return value
 
 
 class AssignOutput(NamedTuple):
@@ -923,6 +1019,18 @@ class AssignPass:
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
         if self.small_d:
             self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
+            # The centroid-chunk layout of the small-d search (``TORCHKM_SMALL_D_COLUMNS=0``: the
+            # loop over single centroids, for experiments).
+            # H200, 100M x 2, k = 32, fp32 (scripts/diag_small_d.py, 2026-11-22), ms per pass as the
+            # Lloyd loop calls it (labels overwriting prev_labels, a control word): 6.9 with the
+            # loop over single centroids, 3.0 with chunks. Without sums but with prev_labels the
+            # chunks measured slower (7.8 against 4.1; not understood), so that case keeps the loop.
+            # ``TORCHKM_SMALL_D_HOIST=1`` loads a single chunk once per program instead of per tile:
+            # faster alone (2.83 against 2.94 ms) but 7.8 ms as the loop calls it, so it is off.
+            self.columns = os.environ.get("TORCHKM_SMALL_D_COLUMNS", "1") != "0"
+            # Centroids per chunk: all of them up to 32 (64 for one feature), so that no padded
+            # centroid costs a distance and, in one chunk, the program loads them once.
+            self.chunk = min(triton.next_power_of_2(k), 64 if d == 1 else 32)
             self.recheck_grid = 0
         else:
             cfg = dict(config or assign_config(n, k, d, x.dtype, precision, split=self.split))
@@ -1026,7 +1134,11 @@ class AssignPass:
                     tiles_per_program=self.tiles_per_program, **control_args,
                     BLOCK_N=self.block_n, DP=triton.next_power_of_2(d), KP=onehot_width(self.k),
                     NC=max(16, triton.next_power_of_2(3 * (d + 1))),
-                    REG_ACC=d <= 4 and onehot_width(self.k) * (triton.next_power_of_2(d) + 1) <= 128,
+                    REG_ACC=d <= 4 and onehot_width(self.k) * (triton.next_power_of_2(d) + 1) <= 128
+                    and os.environ.get("TORCHKM_SMALL_D_REG_ACC", "1") != "0",
+                    COLUMNS=self.columns and d <= 4 and (accumulate or prev_labels is None), KC=self.chunk,
+                    HOIST=self.columns and d <= 4 and self.k <= self.chunk
+                    and os.environ.get("TORCHKM_SMALL_D_HOIST", "0") == "1",
                     HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
                     HAS_WEIGHT=sample_weight is not None, STORE_SQ_DIST=sq_dist is not None,
                     HAS_PREV=prev_labels is not None, UPDATE=self.update, num_warps=4,

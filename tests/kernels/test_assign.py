@@ -86,6 +86,30 @@ def test_fused_update_matches_reference(k, d, search):
     torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
 
 
+# The small-d kernel's centroid chunks: one chunk kept for the whole program (k <= 32), several
+# chunks, the per-thread sums (d <= 4, few clusters), the one-hot product's sums, per-row atomics.
+@pytest.mark.parametrize("k", [5, 33, 40, 64, 100])
+@pytest.mark.parametrize("d", [1, 2, 4])
+def test_small_d_pass_matches_reference(k, d):
+    n = 300
+    x, c = _data(n, d, k, seed=10 * k + d)
+    w = torch.rand(n, device=DEVICE)
+    offset = torch.randn(d, device=DEVICE)
+    prev = torch.randint(0, k, (n,), device=DEVICE)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    out = assign(x, c, precision="exact", offset=offset, raw_norms=x.norm(dim=1), sample_weight=w, prev_labels=prev,
+                 sums=sums, counts=counts)
+    _check_labels(x - offset, c, out.labels, "exact")
+    ref_sums, ref_counts = update_reference(x, out.labels, k, sample_weight=w, offset=offset)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
+    assert int(out.changed) == int((out.labels != prev).sum())
+    direct = (((x - offset).double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("search", ["lazy", "eager"])
 @pytest.mark.parametrize("k", [5, 100])
 @pytest.mark.parametrize("d", [17, 65])
@@ -323,7 +347,8 @@ def test_exact_mode_is_all_3xtf32_for_short_fp32_rows_and_few_clusters(d, k, tf3
 
 @pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
 @pytest.mark.parametrize("precision", ["exact", "fast"])
-@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 1024), (100_003, 2, 32), (50_000, 128, 500)])
+@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 1024), (100_003, 2, 32), (100_003, 4, 40),
+                                   (100_003, 1, 7), (50_000, 128, 500)])
 def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
     g = torch.Generator(device="cuda").manual_seed(n + d + k)
     x = torch.randn(n, d, device="cuda", generator=g)
