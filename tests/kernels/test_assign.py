@@ -62,52 +62,43 @@ def test_assign_matches_float64_on_odd_shapes(d, k, precision, search):
     assert int(out.changed) == n
 
 
-@pytest.mark.parametrize("search", ["lazy", "swap"])
-@pytest.mark.parametrize("k", [5, 100])  # one-hot pre-reduction, and per-row atomics
-# The small-d kernel; the tensor-core kernel with the one-hot partial sums carried across a
-# program's tiles (rows of <= 64 features), and with them added tile by tile (wider rows).
-@pytest.mark.parametrize("d", [3, 19, 65])
-def test_fused_update_matches_reference(k, d, search):
+def _check_fused_pass(d, k, seed, config=None):
+    """One exact pass of weighted, centred rows with previous labels and sums: labels, sums, counts,
+    changed labels, distances and inertia against float64."""
     n = 300  # several tiles per persistent program under the interpreter (4 programs)
-    x, c = _data(n, d, k, seed=k)
+    x, c = _data(n, d, k, seed=seed)
     w = torch.rand(n, device=DEVICE)
     offset = torch.randn(d, device=DEVICE)
     prev = torch.randint(0, k, (n,), device=DEVICE)
     sums = torch.zeros(k, d, device=DEVICE)
     counts = torch.zeros(k, device=DEVICE)
     out = assign(x, c, precision="exact", offset=offset, raw_norms=x.norm(dim=1), sample_weight=w,
-                 prev_labels=prev, sums=sums, counts=counts, config=_search_config(search, d))
+                 prev_labels=prev, sums=sums, counts=counts, config=config)
     _check_labels(x - offset, c, out.labels, "exact")
     ref_sums, ref_counts = update_reference(x, out.labels, k, sample_weight=w, offset=offset)
     torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
     assert int(out.changed) == int((out.labels != prev).sum())
     direct = (((x - offset).double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
 
 
-# The small-d kernel's centroid chunks: one chunk kept for the whole program (k <= 32), several
-# chunks, the per-thread sums (d <= 4, few clusters), the one-hot product's sums, per-row atomics.
+@pytest.mark.parametrize("search", ["lazy", "swap"])
+@pytest.mark.parametrize("k", [5, 100])  # one-hot pre-reduction, and per-row atomics
+# The small-d kernel; the tensor-core kernel with the one-hot partial sums carried across a
+# program's tiles (rows of <= 64 features), and with them added tile by tile (wider rows).
+@pytest.mark.parametrize("d", [3, 19, 65])
+def test_fused_update_matches_reference(k, d, search):
+    _check_fused_pass(d, k, seed=k, config=_search_config(search, d))
+
+
+# The small-d kernel's centroid chunks: one chunk per tile (k <= 32), several chunks, the
+# per-thread sums (d <= 4, few clusters), the one-hot product's sums, per-row atomics.
 @pytest.mark.parametrize("k", [5, 33, 40, 64, 100])
 @pytest.mark.parametrize("d", [1, 2, 4])
 def test_small_d_pass_matches_reference(k, d):
-    n = 300
-    x, c = _data(n, d, k, seed=10 * k + d)
-    w = torch.rand(n, device=DEVICE)
-    offset = torch.randn(d, device=DEVICE)
-    prev = torch.randint(0, k, (n,), device=DEVICE)
-    sums = torch.zeros(k, d, device=DEVICE)
-    counts = torch.zeros(k, device=DEVICE)
-    out = assign(x, c, precision="exact", offset=offset, raw_norms=x.norm(dim=1), sample_weight=w, prev_labels=prev,
-                 sums=sums, counts=counts)
-    _check_labels(x - offset, c, out.labels, "exact")
-    ref_sums, ref_counts = update_reference(x, out.labels, k, sample_weight=w, offset=offset)
-    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
-    assert int(out.changed) == int((out.labels != prev).sum())
-    direct = (((x - offset).double() - c.double()[out.labels]) ** 2).sum(1)
-    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
+    _check_fused_pass(d, k, seed=10 * k + d)
 
 
 @pytest.mark.parametrize("search", ["lazy", "eager"])
