@@ -637,9 +637,10 @@ def _assign_small_d_kernel(
         changed_rows = tl.zeros((BLOCK_N,), tl.int32)
         if UPDATE == 1:
             k_cols = tl.arange(0, KP)
-            if REG_ACC and COLUMNS:
+            if REG_ACC:
                 # Few clusters and features: each thread adds its rows into its own (clusters x
                 # features) registers, reduced across threads once, at the program's end.
+                tl.static_assert(COLUMNS, "the per-thread sums take the rows' features one by one")
                 acc_w = tl.zeros((KP, BLOCK_N), tl.float32)
                 acc_0 = tl.zeros((KP, BLOCK_N), tl.float32)
                 if DP > 1:
@@ -647,14 +648,6 @@ def _assign_small_d_kernel(
                 if DP > 2:
                     acc_2 = tl.zeros((KP, BLOCK_N), tl.float32)
                     acc_3 = tl.zeros((KP, BLOCK_N), tl.float32)
-            elif REG_ACC:
-                acc_w = tl.zeros((BLOCK_N, KP), tl.float32)
-                acc_0 = tl.zeros((BLOCK_N, KP), tl.float32)
-                if DP > 1:
-                    acc_1 = tl.zeros((BLOCK_N, KP), tl.float32)
-                if DP > 2:
-                    acc_2 = tl.zeros((BLOCK_N, KP), tl.float32)
-                    acc_3 = tl.zeros((BLOCK_N, KP), tl.float32)
             else:
                 cols = tl.arange(0, NC)
                 feature = cols % (d + 1)  # feature d is the weight
@@ -752,7 +745,7 @@ def _assign_small_d_kernel(
             if STORE_SQ_DIST:
                 tl.store(sq_dist_ptr + rows, best, mask=row_mask)
             inertia_rows += tl.where(row_mask, best * w, 0.0)
-            if UPDATE == 1 and REG_ACC and COLUMNS:
+            if UPDATE == 1 and REG_ACC:
                 onehot = tl.where(k_cols[:, None] == label[None, :], w[None, :], 0.0)
                 acc_w += onehot
                 acc_0 += onehot * x0[None, :]
@@ -761,15 +754,6 @@ def _assign_small_d_kernel(
                 if DP > 2:
                     acc_2 += onehot * x2[None, :]
                     acc_3 += onehot * x3[None, :]
-            elif UPDATE == 1 and REG_ACC:
-                onehot = tl.where(label[:, None] == k_cols[None, :], w[:, None], 0.0)
-                acc_w += onehot
-                acc_0 += onehot * tl.sum(tl.where(dims[None, :] == 0, xr, 0.0), axis=1)[:, None]
-                if DP > 1:
-                    acc_1 += onehot * tl.sum(tl.where(dims[None, :] == 1, xr, 0.0), axis=1)[:, None]
-                if DP > 2:
-                    acc_2 += onehot * tl.sum(tl.where(dims[None, :] == 2, xr, 0.0), axis=1)[:, None]
-                    acc_3 += onehot * tl.sum(tl.where(dims[None, :] == 3, xr, 0.0), axis=1)[:, None]
             if UPDATE == 1 and not REG_ACC:
                 onehot = (label[:, None] == k_cols[None, :]).to(tl.float32)
                 v = load_rows(x_ptr, rows, row_mask, feature, feature < d, stride_xn, stride_xd, offset_ptr, scale,
@@ -789,14 +773,13 @@ def _assign_small_d_kernel(
         tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
         if UPDATE == 1 and REG_ACC:
             live = k_cols < k
-            axis: tl.constexpr = 1 if COLUMNS else 0
-            tl.atomic_add(counts_ptr + k_cols, tl.sum(acc_w, axis=axis), mask=live, sem="relaxed")
-            tl.atomic_add(sums_ptr + k_cols * d, tl.sum(acc_0, axis=axis), mask=live, sem="relaxed")
+            tl.atomic_add(counts_ptr + k_cols, tl.sum(acc_w, axis=1), mask=live, sem="relaxed")
+            tl.atomic_add(sums_ptr + k_cols * d, tl.sum(acc_0, axis=1), mask=live, sem="relaxed")
             if DP > 1:
-                tl.atomic_add(sums_ptr + k_cols * d + 1, tl.sum(acc_1, axis=axis), mask=live, sem="relaxed")  # DP > 1: d >= 2
+                tl.atomic_add(sums_ptr + k_cols * d + 1, tl.sum(acc_1, axis=1), mask=live, sem="relaxed")  # DP > 1: d >= 2
             if DP > 2:
-                tl.atomic_add(sums_ptr + k_cols * d + 2, tl.sum(acc_2, axis=axis), mask=live, sem="relaxed")  # DP > 2: d >= 3
-                tl.atomic_add(sums_ptr + k_cols * d + 3, tl.sum(acc_3, axis=axis), mask=live & (k_cols * 0 + 3 < d), sem="relaxed")
+                tl.atomic_add(sums_ptr + k_cols * d + 2, tl.sum(acc_2, axis=1), mask=live, sem="relaxed")  # DP > 2: d >= 3
+                tl.atomic_add(sums_ptr + k_cols * d + 3, tl.sum(acc_3, axis=1), mask=live & (k_cols * 0 + 3 < d), sem="relaxed")
         if UPDATE == 1 and not REG_ACC:
             live = (k_cols < k)[:, None] & (part < 3)[None, :]
             tl.atomic_add(sums_ptr + k_cols[:, None] * d + feature[None, :], acc, mask=live & (feature < d)[None, :], sem="relaxed")
@@ -1027,6 +1010,8 @@ class AssignPass:
             # chunks measured slower (7.8 against 4.1; not understood), so that case keeps the loop.
             # ``TORCHKM_SMALL_D_HOIST=1`` loads a single chunk once per program instead of per tile:
             # faster alone (2.83 against 2.94 ms) but 7.8 ms as the loop calls it, so it is off.
+            # (With ``TORCHKM_SMALL_D_COLUMNS=0`` the sums also take the one-hot product: the
+            # per-thread sums are kept in the chunks' layout only.)
             self.columns = os.environ.get("TORCHKM_SMALL_D_COLUMNS", "1") != "0"
             # Centroids per chunk: all of them up to 32 (64 for one feature), so that no padded
             # centroid costs a distance and, in one chunk, the program loads them once.
@@ -1124,6 +1109,7 @@ class AssignPass:
         if self.small_d:
             if moves:
                 raise ValueError(f"moves=True needs the tensor-core pass (d > {SMALL_D})")
+            columns = self.columns and d <= 4 and (accumulate or prev_labels is None)
             if self.main_grid:
                 launcher(_assign_small_d_kernel)[(self.main_grid,)](
                     x, c32, given(offset, name="offset"), given(row_scale, name="scale"),
@@ -1134,10 +1120,9 @@ class AssignPass:
                     tiles_per_program=self.tiles_per_program, **control_args,
                     BLOCK_N=self.block_n, DP=triton.next_power_of_2(d), KP=onehot_width(self.k),
                     NC=max(16, triton.next_power_of_2(3 * (d + 1))),
-                    REG_ACC=d <= 4 and onehot_width(self.k) * (triton.next_power_of_2(d) + 1) <= 128
+                    REG_ACC=columns and onehot_width(self.k) * (triton.next_power_of_2(d) + 1) <= 128
                     and os.environ.get("TORCHKM_SMALL_D_REG_ACC", "1") != "0",
-                    COLUMNS=self.columns and d <= 4 and (accumulate or prev_labels is None), KC=self.chunk,
-                    HOIST=self.columns and d <= 4 and self.k <= self.chunk
+                    COLUMNS=columns, KC=self.chunk, HOIST=columns and self.k <= self.chunk
                     and os.environ.get("TORCHKM_SMALL_D_HOIST", "0") == "1",
                     HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
                     HAS_WEIGHT=sample_weight is not None, STORE_SQ_DIST=sq_dist is not None,
