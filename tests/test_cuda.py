@@ -48,8 +48,10 @@ def test_cuda_assign_matches_float64(x_cpu):
     np.testing.assert_allclose(dist.cpu().numpy(), ref.min(1), rtol=1e-4, atol=1e-3)
 
 
-def test_cuda_lloyd_matches_cpu_from_the_same_init(x_cpu):
-    init = x_cpu[:40].clone()
+def test_cuda_lloyd_matches_cpu_from_the_same_init(x_and_init):
+    # One centroid in each blob (x_and_init): from ``x[:40]`` two engines' fits part the same way
+    # runs with atomic sums do (one failure in a full run of this file, 2026-11-22).
+    x_cpu, init = x_and_init
     cpu = torchkm.fit(x_cpu, 40, init=init, max_iter=10, tol=0)
     gpu = torchkm.fit(x_cpu.cuda(), 40, init=init.cuda(), max_iter=10, tol=0)
     # On fresh data a row can sit on a true tie within fp32 rounding, which the two engines may
@@ -118,8 +120,9 @@ def test_cuda_peak_memory_is_x_plus_linear_terms(dtype):
     base = torch.cuda.memory_allocated()
     torchkm.fit(x, k, init=init, max_iter=3)
     extra = torch.cuda.max_memory_allocated() - base
-    # O(n + k d): labels (2 x int64), norms, re-check list, distances; never O(n d) or O(n k).
-    assert extra <= 48 * n + 64 * k * d + (16 << 20), f"{extra / 2**20:.1f} MiB above the input"
+    # O(n + k d): labels (2 x int64), norms, re-check list, distances, and on Hopper the search's
+    # record (5 x 4 bytes a row, hopper_search.py); never O(n d) or O(n k).
+    assert extra <= 68 * n + 64 * k * d + (16 << 20), f"{extra / 2**20:.1f} MiB above the input"
 
 
 def test_cuda_assign_compiles_without_graph_breaks(x_cpu):

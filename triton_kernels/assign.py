@@ -55,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import hopper_search
 from ._common import (
     UPDATE_ATOMIC,
     UPDATE_CARRY,
@@ -90,13 +91,13 @@ PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
@@ -151,7 +152,11 @@ def _tile(
                                 HAS_OFFSET, HAS_SCALE).to(mma_dtype)
         if SWAP:
             x_once_t = tl.trans(x_once)
-    if KEYS == 2:  # the split re-search found each listed row's label: only the epilogue runs
+    tl.static_assert(not SEARCHED or (EAGER and not SWAP and not HAS_ROW_INDEX),
+                     "a searched pass reads its rows' results in the eager search's variables")
+    if KEYS == 2 or SEARCHED:
+        # The split re-search found each listed row's label, or the Hopper search each row's
+        # candidates: only the epilogue runs.
         search_end = 0
     else:
         search_end = k
@@ -267,6 +272,16 @@ def _tile(
             at_second = index_t == label2[:, None]
             third = tl.min(tl.where(at_best | at_second, second_t, best_t), axis=1)
             second = tl.minimum(second, tl.min(tl.where(at_best, second_t, float("inf")), axis=1))
+    if SEARCHED:
+        # hopper_search.search's (5, n) record: best score, its index (int32 bits), second best,
+        # its index, third-best score.
+        n64 = rows * 0 + n  # 64-bit: 4 n can pass 2^31
+        best = tl.load(searched_ptr + rows, mask=row_mask, other=float("inf"))
+        label = tl.load(searched_ptr + n64 + rows, mask=row_mask, other=0.0).to(tl.int32, bitcast=True)
+        if CHECK:
+            second = tl.load(searched_ptr + 2 * n64 + rows, mask=row_mask, other=float("inf"))
+            label2 = tl.load(searched_ptr + 3 * n64 + rows, mask=row_mask, other=0.0).to(tl.int32, bitcast=True)
+            third = tl.load(searched_ptr + 4 * n64 + rows, mask=row_mask, other=float("inf"))
     if KEYS == 2:
         label = _label_of_key(tl.load(key_ptr.to(tl.pointer_type(tl.uint64)) + slots, mask=row_mask, other=0))
     tl.static_assert(not DISTANCE_BOUND or (CHECK and not HAS_SCALE), "the distance bound is for unscaled rows")
@@ -516,14 +531,14 @@ def _research_kernel(
 def _assign_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
@@ -533,11 +548,11 @@ def _assign_kernel(
     if go:
         _assign_programs(x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_ptr, row_index_ptr, row_count_ptr,
-                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
+                         labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base,
                          n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS,
+                         STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
                 DISTANCE_BOUND)
 
 
@@ -545,14 +560,14 @@ def _assign_kernel(
 def _assign_programs(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
-    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, acc_ptr, counts_offset,
+    labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base,
     n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
-    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -577,10 +592,10 @@ def _assign_programs(
             i, c, acc_sums, acc_counts = _tile(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                 c_norm_ptr, row_index_ptr, row_count,
-                labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
+                labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS,
+                STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
                 DISTANCE_BOUND)
             inertia += i
             changed += c
@@ -590,10 +605,10 @@ def _assign_programs(
         inertia, changed, acc_sums, acc_counts = _tile(
             pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
             c_norm_ptr, row_index_ptr, 0,
-            labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, sums_ptr, counts_ptr,
+            labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-            STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS,
+            STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
                 DISTANCE_BOUND)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
@@ -1026,6 +1041,22 @@ class AssignPass:
             cfg["SWAP"] = bool(cfg.get("SWAP", False) and cfg["BLOCK_D"] >= d and not self.split)
             cfg["EAGER"] = bool(cfg.get("EAGER", False) and not cfg["SWAP"])
             self.cfg = cfg
+            # Rows of 64-256 features over many centroids on Hopper: the search overlapping its running
+            # minimum with the next product (hopper_search.py), then this config's epilogue alone.
+            # Same rows per program, so the grid and its partial slots do not depend on which ran.
+            # The exact mode everywhere it applies; the fast mode only for fp32 rows of 65-128
+            # features: elsewhere the tl.dot search measured as fast or faster. H200, k = 4096,
+            # fused pass (scripts/diag_hopper_search.py), ms, Hopper against tl.dot search:
+            # 1M x 128 exact 5.09 / 5.97 (fp32), 3.63 / 4.82 (bf16); fast 3.98 / 4.12 (fp32),
+            # 2.69 / 2.41 (bf16); 1M x 64 exact 3.30 / 6.35 (fp32), 2.91 / 5.17 (bf16); fast 2.49 /
+            # 2.30 (fp32), 1.93 / 1.94 (bf16); 32,768 x 256, k = 8192, bf16 exact 0.500 / 0.537.
+            # (Only for real tensors: under torch.compile's tracing the pass keeps the tl.dot search.)
+            self.hopper = (hopper_search.mode() is not None and not self.split and type(x) is torch.Tensor
+                           and not torch.compiler.is_compiling()
+                           and (precision == "exact" or (precision == "fast" and x.dtype == torch.float32
+                                                         and 64 < d <= 128))
+                           and hopper_search.supported(x, k, scaled=scaled, split=False, row_list=False))
+            self.searched = torch.empty(5, n, dtype=torch.float32, device=device) if self.hopper else None
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             if self.update == UPDATE_CARRY:
                 self.main_grid = persistent_grid(self.main_grid, num_persistent_programs(device))
@@ -1156,6 +1187,13 @@ class AssignPass:
         epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
         if self.main_grid:
             cfg = self.cfg
+            searched = (self.hopper and rows is None and row_scale is None and type(x) is torch.Tensor
+                        and not torch.compiler.is_compiling()
+                        and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
+            if searched:
+                hopper_search.search(x, prepared.c_mma, prepared.bias, self.searched, check=self.check, control=control)
+                # The epilogue only (no search): the eager search's variables take the record.
+                cfg = {**cfg, "EAGER": True, "SWAP": False, "num_stages": 1}
             # ONE_CHUNK: the config's BLOCK_D covers all features, so a row tile is loaded once.
             # Over a row list the launch is persistent (its length is on the device); main_grid
             # programs still cover it whole and write every partial slot.
@@ -1164,6 +1202,7 @@ class AssignPass:
                 row_index_ptr=spare("row_index", torch.int32) if rows is None else rows[0],
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1], part_base=0,
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
+                searched_ptr=self.searched if searched else spare("searched"), SEARCHED=searched,
                 KEYS=1 if split_research else 0,
                 **self._bound_arguments(x.dtype, d, row_scale is not None),
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
@@ -1187,6 +1226,7 @@ class AssignPass:
                 x, prepared.c_exact, spare("c_lo"), prepared.bias_exact, row_index_ptr=self.flag_rows,
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
                 flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
+                searched_ptr=spare("searched"), SEARCHED=False,
                 SPLIT=False, part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,

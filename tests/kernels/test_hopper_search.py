@@ -1,0 +1,176 @@
+"""triton_kernels/hopper_search.py: which rows it takes, the pass's epilogue over its record (any
+device, through ``search_reference``), and the Gluon kernel against that reference (Hopper GPUs)."""
+
+import pytest
+import torch
+from torchkm._kernels import hopper_search
+from torchkm._kernels.assign import AssignPass, assign
+
+from tests.kernels.conftest import DEVICE, ON_GPU
+from tests.kernels.test_assign import _check_fused_pass, _check_labels, _data
+
+ON_HOPPER = ON_GPU and hopper_search.available()
+
+
+@pytest.fixture
+def searched(monkeypatch):
+    """Passes take the search record from ``search_reference``; returns the list of its calls."""
+    monkeypatch.setenv("TORCHKM_HOPPER_SEARCH", "reference")
+    calls = []
+    reference = hopper_search.search_reference
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(hopper_search, "search_reference", spy)
+    return calls
+
+
+def test_supported_takes_only_rows_the_kernel_handles():
+    x32 = torch.zeros(10, 128)
+    assert hopper_search.supported(x32, 129, scaled=False, split=False, row_list=False)
+    assert not hopper_search.supported(x32, 64, scaled=False, split=False, row_list=False)  # one centroid tile
+    assert not hopper_search.supported(x32, 1000, scaled=True, split=False, row_list=False)
+    assert not hopper_search.supported(x32, 1000, scaled=False, split=True, row_list=False)
+    assert not hopper_search.supported(x32, 1000, scaled=False, split=False, row_list=True)
+    assert hopper_search.supported(torch.zeros(10, 100), 1000, scaled=False, split=False, row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 32), 1000, scaled=False, split=False, row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 129), 1000, scaled=False, split=False, row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 101), 1000, scaled=False, split=False, row_list=False)
+    assert hopper_search.supported(torch.zeros(10, 256, dtype=torch.bfloat16), 1000, scaled=False, split=False,
+                                   row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 256), 1000, scaled=False, split=False, row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 256)[:, ::2], 1000, scaled=False, split=False,
+                                       row_list=False)  # strided features
+    assert not hopper_search.supported(torch.zeros(10, 129)[:, 1:], 1000, scaled=False, split=False,
+                                       row_list=False)  # rows not 16-byte aligned
+    assert not hopper_search.supported(torch.zeros(10, 128, dtype=torch.float64), 1000, scaled=False, split=False,
+                                       row_list=False)
+
+
+def test_mode_follows_the_switch(monkeypatch):
+    monkeypatch.setenv("TORCHKM_HOPPER_SEARCH", "0")
+    assert hopper_search.mode() is None
+    monkeypatch.setenv("TORCHKM_HOPPER_SEARCH", "reference")
+    assert hopper_search.mode() == "reference"
+    monkeypatch.setenv("TORCHKM_HOPPER_SEARCH", "1")
+    assert hopper_search.mode() == ("kernel" if hopper_search.available() else None)
+
+
+@pytest.mark.parametrize("k", [129, 1000])
+@pytest.mark.parametrize("d", [64, 100, 128])
+def test_searched_pass_matches_float64(searched, d, k):
+    """The exact pass over the search record: weighted, centred rows with previous labels and sums
+    (settling, deferral and re-search included), against float64."""
+    _check_fused_pass(d, k, seed=d + k)
+    assert searched, "the pass did not take the search record"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_searched_pass_labels_and_distances(searched, precision, dtype):
+    n, d, k = 301, 64, 300
+    x, c = _data(n, d, k, seed=7, dtype=dtype)
+    out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
+    # The fast mode keeps the tl.dot search but for fp32 rows of 65-128 features (measured faster).
+    assert not searched if precision == "fast" else searched
+    _check_labels(x.float(), c, out.labels, precision, input_dtype=dtype)
+    direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
+
+
+def test_row_lists_and_scaled_rows_keep_the_tl_dot_search(searched):
+    n, d, k = 200, 64, 300
+    x, c = _data(n, d, k, seed=3)
+    p = AssignPass(x, k, "exact", update=False)
+    labels = torch.empty(n, dtype=torch.int64, device=DEVICE)
+    rows = (torch.arange(0, n, 3, dtype=torch.int32, device=DEVICE),
+            torch.tensor([len(range(0, n, 3))], dtype=torch.int32, device=DEVICE))
+    p(x, c, offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
+      labels=labels, rows=rows)
+    assert not searched
+    p(x, c, offset=None, row_scale=1 / x.norm(dim=1), raw_norms=x.norm(dim=1), sample_weight=None,
+      prev_labels=None, labels=labels)
+    assert not searched
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize(("dtype", "d", "k"), [
+    (torch.float32, 64, 129), (torch.float32, 100, 1000), (torch.float32, 128, 4099),
+    (torch.bfloat16, 64, 1000), (torch.bfloat16, 128, 300), (torch.bfloat16, 256, 4099),
+    (torch.float16, 128, 1000),
+])
+def test_kernel_matches_reference(dtype, d, k, check):
+    """Fresh random rows each run; every slot of the record poisoned first. The record's contract (the
+    one ``assign._tile`` relies on), within the fast products' rounding of the fp32 reference:
+    the best score and its index; with ``check`` the second-best score, another centroid's index
+    whose score is at least that, and a lower bound on every other score that is at least the
+    second best. The kernel keeps per slot (row, tile column) the best and second-lowest score, so
+    its runner-up index is the true one unless the runner-up shares the winner's slot (then the
+    bound equals the second best and the pass re-searches the row)."""
+    from torchkm._kernels.centroids import prepare_centroids
+
+    n = 10_007
+    x = torch.randn(n, d, device="cuda").to(dtype)
+    c = x[torch.randperm(n, device="cuda")[:k]].float() + 0.01 * torch.randn(k, d, device="cuda")
+    prepared = prepare_centroids(c, None, dtype, fast=True, split=False, exact=False)
+    got = torch.full((5, n), float("nan"), device="cuda")
+    hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=check)
+    scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
+    top, order = torch.sort(scores, dim=1, stable=True)
+    scale = (x.float().norm(dim=1) * c.norm(dim=1).max()).double()
+    # fp32 rows enter the products as tf32 (the reference keeps them); 16-bit operands are the
+    # reference's own, so only the order of the fp32 sums differs.
+    tol = (2.0 ** -10 if dtype == torch.float32 else 2.0 ** -18) * 4 * scale
+    for f in ([0, 2, 4] if check else [0]):
+        assert not got[f].isnan().any(), f"record row {f} not written"
+    record = got.double()
+    labels = got.view(torch.int32).long()
+    assert ((record[0] - top[:, 0]).abs() <= tol).all()
+    clear = (top[:, 1] - top[:, 0]) > 2 * tol
+    assert (labels[1][clear] == order[:, 0][clear]).all()
+    assert clear.float().mean() > 0.3
+    if check:
+        assert ((record[2] - top[:, 1]).abs() <= tol).all()
+        assert (labels[3] != labels[1]).all()
+        assert (scores.gather(1, labels[3][:, None]).squeeze(1) >= top[:, 1] - tol).all()
+        assert (record[4] <= top[:, 2] + tol).all()
+        assert (record[4] >= top[:, 1] - tol).all()
+        block_k = hopper_search._config(x.element_size())[1]
+        other_slot = order[:, 1] % block_k != order[:, 0] % block_k
+        clear2 = clear & other_slot & ((top[:, 2] - top[:, 1]) > 2 * tol)
+        assert (labels[3][clear2] == order[:, 1][clear2]).all()
+        assert clear2.float().mean() > 0.3
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+def test_kernel_skips_a_frozen_iteration():
+    from torchkm._kernels.centroids import prepare_centroids
+
+    x = torch.randn(1000, 128, device="cuda")
+    c = torch.randn(300, 128, device="cuda")
+    prepared = prepare_centroids(c, None, x.dtype, fast=True, split=False, exact=False)
+    out = torch.full((5, 1000), float("nan"), device="cuda")
+    hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=True,
+                         control=torch.ones(1, dtype=torch.int32, device="cuda"))
+    assert out.isnan().all()
+    hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=True,
+                         control=torch.zeros(1, dtype=torch.int32, device="cuda"))
+    assert not out[0].isnan().any()
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize(("n", "d", "k", "dtype"), [(100_003, 128, 4096, torch.float32),
+                                                    (50_001, 128, 500, torch.bfloat16),
+                                                    (20_000, 256, 8192, torch.bfloat16)])
+def test_default_pass_takes_the_kernel(precision, n, d, k, dtype):
+    x = torch.randn(n, d, device="cuda").to(dtype)
+    c = x[:k].float()
+    p = AssignPass(x, k, precision, update=True)
+    assert p.hopper == (precision == "exact" or (dtype == torch.float32 and 64 < d <= 128))
+    out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
+    sample = torch.arange(0, n, 97, device="cuda")
+    _check_labels(x[sample].float(), c, out.labels[sample], precision, input_dtype=dtype)

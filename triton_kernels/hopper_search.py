@@ -1,0 +1,289 @@
+"""Nearest-centroid search on Hopper (sm_90) with the running minimum overlapping the next product.
+
+The ``tl.dot`` searches in ``assign.py`` issue a centroid tile's product, wait for it, then take the
+running minimum on the CUDA cores while the tensor cores idle: on an H200 the minimum added 22-31 %
+to the products alone (1M x 128, k = 4096, ``scripts/diag_overlap.py``), and Triton 3.6 keeps the
+next product asynchronous over it only in narrow cases (ptxas then serialises it anyway, C7514).
+This kernel, written in Gluon, states the overlap explicitly: two accumulators, the product of tile
+j + 1 issued asynchronously (``warpgroup_mma(is_async=True)``) before waiting on tile j's
+(``warpgroup_mma_wait(num_outstanding=1)``), so tile j's minimum runs while the tensor cores work
+on tile j + 1. Centroid tiles stream through a ring of shared-memory stages filled by TMA; the row
+tile is loaded once.
+
+It computes only the search, as the fused pass's would: per row the best score and its index, and
+(``CHECK``) the second best with its index and the third-best score, with the same conventions
+(score ``bias_j - 2 x.c~_j`` from the prepared centroids, lowest index on ties, strict comparisons
+across tiles). ``assign._tile`` then runs its epilogue (direct distances, the exact mode's
+settling and deferral, sums) from these instead of searching (``SEARCHED``).
+
+GPU-only: Gluon does not run under ``TRITON_INTERPRET=1``. ``supported`` says when the launcher
+applies; everything else takes the ``tl.dot`` search.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+try:  # Gluon is experimental: its absence, or another API, leaves the tl.dot search in place.
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    gluon = None
+
+__all__ = ["available", "mode", "search", "search_reference", "supported"]
+
+# Tile shapes, per operand size: (rows, centroids, stages, warps). Rows are the wgmma's M (16 per
+# warp), centroids its N; the row tile stays in shared memory beside the centroid stages.
+_CONFIG = {4: (128, 64, 3, 8), 2: (128, 64, 3, 8)}
+_SHARED_BYTES = 226 * 1024  # of the 227 KiB an sm_90 block may use, some left for the barriers
+
+
+def _config(size: int) -> tuple[int, int, int, int]:
+    spec = os.environ.get("TORCHKM_HOPPER_CONFIG")  # BLOCK_N,BLOCK_K,STAGES,num_warps (experiments)
+    if spec:
+        block_n, block_k, stages, warps = (int(v) for v in spec.split(","))
+        return block_n, block_k, stages, warps
+    return _CONFIG[size]
+
+
+def available() -> bool:
+    """Whether this process can run the kernel: Gluon imported, a CUDA device of compute capability 9.x,
+    and not the interpreter."""
+    if gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def mode() -> str | None:
+    """How the assignment pass searches the rows this module supports: ``"kernel"`` where ``available``,
+    else ``None`` (the ``tl.dot`` search). ``TORCHKM_HOPPER_SEARCH=0`` turns it off;
+    ``TORCHKM_HOPPER_SEARCH=reference`` takes ``search_reference`` instead, on any device (tests of
+    the pass's epilogue under the interpreter)."""
+    setting = os.environ.get("TORCHKM_HOPPER_SEARCH", "1")
+    if setting == "0":
+        return None
+    if setting == "reference":
+        return "reference"
+    return "kernel" if available() else None
+
+
+def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: bool) -> bool:
+    """Whether ``search`` takes rows ``x`` and ``k`` centroids: 16- or 32-bit rows read as they are (no
+    scale, no hi + lo centroids, no row list), contiguous and 16-byte aligned as TMA needs, the
+    padded row of 64 to 128 (fp32) or 256 (16-bit) features (one tile in shared memory), and more
+    than one centroid tile (one leaves nothing to overlap). The prepared centroids are contiguous
+    (k, d) in x's dtype."""
+    if scaled or split or row_list or x.dim() != 2:
+        return False
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    n, d = x.shape
+    size = x.element_size()
+    d_pad = max(16, triton.next_power_of_2(d))
+    if d_pad < 64 or d_pad * size > 512 or (d * size) % 16:
+        return False
+    if x.stride(1) != 1 or (x.stride(0) * size) % 16 or x.data_ptr() % 16:
+        return False
+    return n > 0 and k > _config(size)[1]
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK: gl.constexpr):
+        # The running minimum per slot (row, column of the tile) and the tile it came from: element-
+        # wise work only, so its instructions are independent (a per-row reduction after every tile
+        # is a chain of dependent ones, which eight warps cannot hide). Strictly better only: an
+        # equal score in a later tile keeps the lower index.
+        score = acc + gl.expand_dims(bias, 0)
+        better = score < best_t
+        if CHECK:  # each slot's second-lowest score too (its index is not kept)
+            second_t = gl.where(better, best_t, gl.minimum(second_t, score))
+        best_t = gl.where(better, score, best_t)
+        tile_t = gl.where(better, t, tile_t)
+        return best_t, tile_t, second_t
+
+    @gluon.jit
+    def _issue(x_smem, c_smem, ready, zero, t, STAGES: gl.constexpr):
+        # Tile t's product, asynchronous, once its stage is filled.
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        return warpgroup_mma(x_smem, c_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _retire(pending, c_desc, c_smem, ready, bias_ptr, t, n_tiles, k, best_t, tile_t, second_t,
+                OUTSTANDING: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr, CHECK: gl.constexpr,
+                layout: gl.constexpr):
+        # Wait for tile t's product (leaving OUTSTANDING later ones in flight), refill its stage with
+        # tile t + STAGES, and fold it in. The bias is loaded before the wait, to hide its latency.
+        tile_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+        bias = gl.load(bias_ptr + t * BLOCK_K + tile_cols, mask=t * BLOCK_K + tile_cols < k, other=float("inf"))
+        acc = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(pending,))
+        # Both warpgroups' products of the stage are done before it is overwritten.
+        gl.thread_barrier()
+        refill = t + STAGES
+        s = t % STAGES
+        mbarrier.expect(ready.index(s), c_desc.block_type.nbytes, pred=refill < n_tiles)
+        tma.async_copy_global_to_shared(c_desc, [refill * BLOCK_K, 0], ready.index(s), c_smem.index(s),
+                                        pred=refill < n_tiles)
+        return _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK)
+
+    @gluon.jit
+    def _search_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, control_ptr,
+                       n, k,
+                       BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
+                       INSTR_K: gl.constexpr, HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
+        if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+            if gl.load(control_ptr) == 0:
+                _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
+                             BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, num_warps)
+        else:
+            _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
+                         BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, num_warps)
+
+    @gluon.jit
+    def _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
+                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
+                     INSTR_K: gl.constexpr, num_warps: gl.constexpr):
+        DP: gl.constexpr = x_desc.block_type.shape[1]
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_K, INSTR_K])
+        row0 = gl.program_id(0) * BLOCK_N
+        n_tiles = gl.cdiv(k, BLOCK_K)
+
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [BLOCK_N, DP], x_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [STAGES, BLOCK_K, DP], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        x_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(x_ready, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        mbarrier.expect(x_ready, x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [row0, 0], x_ready, x_smem)
+        for s in gl.static_range(STAGES):
+            mbarrier.expect(ready.index(s), c_desc.block_type.nbytes, pred=s < n_tiles)
+            tma.async_copy_global_to_shared(c_desc, [s * BLOCK_K, 0], ready.index(s), c_smem.index(s),
+                                            pred=s < n_tiles)
+
+        best_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
+        tile_t = gl.full([BLOCK_N, BLOCK_K], 0, gl.int32, layout)
+        second_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
+        # Tiles in groups of four: a, b issued; a retired (b in flight), c issued; b retired, d
+        # issued; c retired; d retired. Each fold but the group's last runs while the next product
+        # is in flight. No product is in flight across the loop's back edge: a carried one would be
+        # copied at the loop's phi, reading registers a product in flight writes, and ptxas then
+        # serialises every product (C7514). Each product starts from ``zero`` (fresh registers).
+        zero = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
+        mbarrier.wait(x_ready, 0)
+        for p in range(n_tiles // 4):
+            j = 4 * p
+            pending_a = _issue(x_smem, c_smem, ready, zero, j, STAGES)
+            pending_b = _issue(x_smem, c_smem, ready, zero, j + 1, STAGES)
+            best_t, tile_t, second_t = _retire(pending_a, c_desc, c_smem, ready, bias_ptr, j, n_tiles, k, best_t,
+                                               tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
+            pending_c = _issue(x_smem, c_smem, ready, zero, j + 2, STAGES)
+            best_t, tile_t, second_t = _retire(pending_b, c_desc, c_smem, ready, bias_ptr, j + 1, n_tiles, k, best_t,
+                                               tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
+            pending_d = _issue(x_smem, c_smem, ready, zero, j + 3, STAGES)
+            best_t, tile_t, second_t = _retire(pending_c, c_desc, c_smem, ready, bias_ptr, j + 2, n_tiles, k, best_t,
+                                               tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
+            best_t, tile_t, second_t = _retire(pending_d, c_desc, c_smem, ready, bias_ptr, j + 3, n_tiles, k, best_t,
+                                               tile_t, second_t, 0, STAGES, BLOCK_K, CHECK, layout)
+        for t in range(n_tiles - n_tiles % 4, n_tiles):  # the last 0-3 tiles, one at a time
+            pending = _issue(x_smem, c_smem, ready, zero, t, STAGES)
+            best_t, tile_t, second_t = _retire(pending, c_desc, c_smem, ready, bias_ptr, t, n_tiles, k, best_t,
+                                               tile_t, second_t, 0, STAGES, BLOCK_K, CHECK, layout)
+        mbarrier.invalidate(x_ready)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+
+        # Per row over the slots, as assign._tile's lazy searches: the lowest score, ties to the
+        # lowest index; with CHECK the runner-up among the other slots (with its index), and a
+        # lower bound on the third from everything else. A runner-up that shares the winner's slot
+        # has no index: it counts as a third, so the row is re-searched.
+        best = gl.min(best_t, axis=1)
+        cols = gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout)), 0)
+        index_t = tile_t * BLOCK_K + cols
+        label = gl.min(gl.where(best_t == gl.expand_dims(best, 1), index_t, 2147483647), axis=1)
+        rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        row_mask = rows < n
+        gl.store(best_ptr + rows, best, mask=row_mask)
+        gl.store(label_ptr + rows, label, mask=row_mask)
+        if CHECK:
+            at_best = index_t == gl.expand_dims(label, 1)
+            others = gl.where(at_best, float("inf"), best_t)
+            second = gl.min(others, axis=1)
+            label2 = gl.min(gl.where(others == gl.expand_dims(second, 1), index_t, 2147483647), axis=1)
+            at_second = index_t == gl.expand_dims(label2, 1)
+            third = gl.min(gl.where(at_best | at_second, second_t, best_t), axis=1)
+            second = gl.minimum(second, gl.min(gl.where(at_best, second_t, float("inf")), axis=1))
+            gl.store(second_ptr + rows, second, mask=row_mask)
+            gl.store(label2_ptr + rows, label2, mask=row_mask)
+            gl.store(third_ptr + rows, third, mask=row_mask)
+
+
+_GL_DTYPE = {}
+
+
+def _gl_dtype(dtype: torch.dtype):
+    if not _GL_DTYPE:
+        _GL_DTYPE.update({torch.float32: gl.float32, torch.float16: gl.float16, torch.bfloat16: gl.bfloat16})
+    return _GL_DTYPE[dtype]
+
+
+def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
+                     control: torch.Tensor | None = None) -> None:
+    """``search`` in torch (fp32 products, an (n, k) score matrix: small sizes only); the same record,
+    ties to the lowest index."""
+    if control is not None and int(control.reshape(-1)[0]) != 0:
+        return
+    scores = bias[None, :] + x.float() @ c_mma.float().T
+    values, order = torch.sort(scores, dim=1, stable=True)
+    labels = out.view(torch.int32)
+    out[0] = values[:, 0]
+    labels[1] = order[:, 0].to(torch.int32)
+    if check:
+        out[2] = values[:, 1]
+        labels[3] = order[:, 1].to(torch.int32)
+        out[4] = values[:, 2]
+
+
+def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
+           control: torch.Tensor | None = None) -> None:
+    """Write each row's search result into ``out`` (int32-compatible (5, n) float32 storage): rows 0-4
+    are the best score, its index (int32 bits), the second best, its index, and the third-best score
+    (the last three only with ``check``). ``c_mma``: the prepared (k, d) centroids of the fast pass
+    (x's dtype, pre-scaled by -2), ``bias`` their fp32 (k,) bias. ``control``: an int32 word; the
+    launch does nothing unless it is 0 (a frozen iteration of a replayed block). Call only where
+    ``supported``. Under ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
+    if mode() == "reference":
+        search_reference(x, c_mma, bias, out, check=check, control=control)
+        return
+    n, d = x.shape
+    k = c_mma.shape[0]
+    size = x.element_size()
+    block_n, block_k, stages, warps = _config(size)
+    d_pad = max(16, triton.next_power_of_2(d))
+    # As many centroid stages as fit beside the row tile (at least two: one read, one filling).
+    stages = max(2, min(stages, (_SHARED_BYTES - block_n * d_pad * size) // (block_k * d_pad * size)))
+    dtype = _gl_dtype(x.dtype)
+    x_layout = gl.NVMMASharedLayout.get_default_for([block_n, d_pad], dtype)
+    c_layout = gl.NVMMASharedLayout.get_default_for([block_k, d_pad], dtype)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, d_pad], x_layout)
+    c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, d_pad], c_layout)
+    labels = out.view(torch.int32)
+    _search_kernel[(triton.cdiv(n, block_n),)](
+        x_desc, c_desc, bias, out[0], labels[1], out[2], labels[3], out[4], bias if control is None else control, n, k,
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size,
+        HAS_CONTROL=control is not None, num_warps=warps,
+    )
