@@ -44,6 +44,11 @@ Precision (``precision=``):
   ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
 transformed copy of x ever exists.
+
+On Hopper GPUs, for the rows ``hopper_search.supported`` takes (64-256 features, unscaled, no row
+list; the exact mode, and the fast mode for fp32 rows of 65-128 features), the search runs in
+``hopper_search.py`` (a Gluon kernel whose running minimum overlaps the next product) and writes a
+per-row record; this kernel then runs its epilogue from that record (``SEARCHED``).
 """
 
 from __future__ import annotations
