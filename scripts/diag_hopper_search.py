@@ -39,6 +39,36 @@ def search_ms(x: torch.Tensor, c: torch.Tensor, check_: bool) -> float:
     return graph_ms(lambda: hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=check_))
 
 
+def record_off_pct(x: torch.Tensor, c: torch.Tensor) -> float:
+    """Percent of 4096 sampled rows whose search record's label is not the float64 argmin, beyond
+    near-ties (a gap under 1e-3 of the score scale): a config is timed only after it is checked."""
+    from torchkm._kernels import hopper_search
+    from torchkm._kernels.centroids import prepare_centroids
+
+    prepared = prepare_centroids(c.float().contiguous(), None, x.dtype, fast=True, split=False, exact=False)
+    out = torch.full((5, x.shape[0]), float("nan"), device=x.device)
+    hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=True)
+    rows = torch.randint(0, x.shape[0], (4096,), device=x.device)
+    scores = prepared.bias.double()[None, :] + x[rows].double() @ prepared.c_mma.double().T
+    top = scores.topk(2, dim=1, largest=False).values
+    got = out.view(torch.int32)[1, rows].long()
+    near = (top[:, 1] - top[:, 0]) < 1e-3 * scores.abs().max(dim=1).values
+    wrong = (scores.gather(1, got[:, None]).squeeze(1) > top[:, 0]) & ~near
+    return 100.0 * float(wrong.double().mean()) + (100.0 if out[0].isnan().any() else 0.0)
+
+
+def config_rows(base: dict, x: torch.Tensor, c: torch.Tensor, configs: list[str]) -> list[dict]:
+    """The search alone under each ``TORCHKM_HOPPER_CONFIG`` (BLOCK_N,BLOCK_K,STAGES,warps)."""
+    rows = []
+    for spec in configs:
+        with env(TORCHKM_HOPPER_CONFIG=spec):
+            off = record_off_pct(x, c)
+            for label, check_ in [("fast", False), ("exact", True)]:
+                rows.append({**base, "variant": f"search alone, {label}, config {spec}",
+                             "ms": search_ms(x, c, check_), "labels_off_beyond_ties_pct": off})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=["SIFT-like", "VQ-batch"])
@@ -47,6 +77,11 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--searches", nargs="*", default=["tl.dot", "hopper"],
                         help="which searches the passes take (tl.dot, hopper)")
+    parser.add_argument("--chunk-rows", nargs="*", default=[],
+                        help="also time the Hopper passes with these TORCHKM_HOPPER_CHUNK_ROWS (0: the default); "
+                             "ROWS,0: with TORCHKM_HOPPER_OVERLAP=0 (one stream)")
+    parser.add_argument("--configs", nargs="*", default=[],
+                        help="also time the search alone under these BLOCK_N,BLOCK_K,STAGES,warps configs")
     args = parser.parse_args()
     rates = ceilings()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -74,6 +109,7 @@ def main() -> None:
             if hopper_search.supported(x, k, scaled=False, split=False, row_list=False):
                 for label, check_ in [("search alone, fast", False), ("search alone, exact (best two + third)", True)]:
                     rows.append({**base, "variant": label, "ms": search_ms(x, c, check_)})
+                rows.extend(config_rows(base, x, c, args.configs))
             for precision in ("fast", "exact"):
                 for search, setting in (("tl.dot", "0"), ("hopper", "1")):
                     if search not in args.searches:
@@ -84,12 +120,21 @@ def main() -> None:
                         if precision == "exact":
                             row.update(check(x, c))
                     rows.append(row)
+            for chunk in args.chunk_rows:
+                chunk_rows, _, overlap = chunk.partition(",")
+                setting = {"TORCHKM_HOPPER_CHUNK_ROWS": chunk_rows} if chunk_rows != "0" else {}
+                setting["TORCHKM_HOPPER_OVERLAP"] = overlap or "1"
+                for precision in ("fast", "exact"):
+                    with env(TORCHKM_HOPPER_SEARCH="1", **setting):
+                        rows.append({**base, "variant": f"pass, {precision}, hopper, chunk rows {chunk}",
+                                     "ms": pass_ms(x, c, precision)})
             for row in rows:
                 if row["workload"] == name and row["dtype"] == dtype_name:
                     print(f"{name:<10} {dtype_name:<9} {row['variant']:<40} {row['ms']:8.3f} ms  "
                           f"{row['ms'] / floor:5.2f}x floor ({floor:.3f})"
-                          + (f"  re-searched {row['rechecked_pct']:6.3f} %  off beyond ties "
-                             f"{row['labels_off_beyond_ties_pct']:.3f} %" if "rechecked_pct" in row else ""), flush=True)
+                          + (f"  re-searched {row['rechecked_pct']:6.3f} %" if "rechecked_pct" in row else "")
+                          + (f"  off beyond ties {row['labels_off_beyond_ties_pct']:.3f} %"
+                             if "labels_off_beyond_ties_pct" in row else ""), flush=True)
             del x
         del x32
         torch.cuda.empty_cache()

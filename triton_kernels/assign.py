@@ -95,7 +95,7 @@ PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 @triton.jit
 def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
-    row_index_ptr, row_count,
+    row_index_ptr, row_count, tile_offset, searched_stride,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
@@ -112,7 +112,8 @@ def _tile(
         rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
     else:
         # 64-bit row offsets: n * stride can pass 2^31 elements.
-        rows = (tl.zeros((BLOCK_N,), tl.int64) + t) * BLOCK_N + tl.arange(0, BLOCK_N)  # t may be a Python int (interpreter)
+        # ``tile_offset``: the first tile of a launch over a chunk of the rows (a searched pass).
+        rows = (tl.zeros((BLOCK_N,), tl.int64) + t + tile_offset) * BLOCK_N + tl.arange(0, BLOCK_N)  # t may be a Python int (interpreter)
         row_mask = rows < n
     if HAS_SCALE:
         scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
@@ -278,15 +279,16 @@ def _tile(
             third = tl.min(tl.where(at_best | at_second, second_t, best_t), axis=1)
             second = tl.minimum(second, tl.min(tl.where(at_best, second_t, float("inf")), axis=1))
     if SEARCHED:
-        # hopper_search.search's (5, n) record: best score, its index (int32 bits), second best,
-        # its index, third-best score.
-        n64 = rows * 0 + n  # 64-bit: 4 n can pass 2^31
-        best = tl.load(searched_ptr + rows, mask=row_mask, other=float("inf"))
-        label = tl.load(searched_ptr + n64 + rows, mask=row_mask, other=0.0).to(tl.int32, bitcast=True)
+        # hopper_search.search's record of this launch's chunk of rows, (2 or 5, searched_stride):
+        # best score, its index (int32 bits); with CHECK the second best, its index, the third-best
+        # score. ``slots`` are the rows' places in the chunk.
+        best = tl.load(searched_ptr + slots, mask=row_mask, other=float("inf"))
+        label = tl.load(searched_ptr + searched_stride + slots, mask=row_mask, other=0.0).to(tl.int32, bitcast=True)
         if CHECK:
-            second = tl.load(searched_ptr + 2 * n64 + rows, mask=row_mask, other=float("inf"))
-            label2 = tl.load(searched_ptr + 3 * n64 + rows, mask=row_mask, other=0.0).to(tl.int32, bitcast=True)
-            third = tl.load(searched_ptr + 4 * n64 + rows, mask=row_mask, other=float("inf"))
+            second = tl.load(searched_ptr + 2 * searched_stride + slots, mask=row_mask, other=float("inf"))
+            label2 = tl.load(searched_ptr + 3 * searched_stride + slots, mask=row_mask,
+                             other=0.0).to(tl.int32, bitcast=True)
+            third = tl.load(searched_ptr + 4 * searched_stride + slots, mask=row_mask, other=float("inf"))
     if KEYS == 2:
         label = _label_of_key(tl.load(key_ptr.to(tl.pointer_type(tl.uint64)) + slots, mask=row_mask, other=0))
     tl.static_assert(not DISTANCE_BOUND or (CHECK and not HAS_SCALE), "the distance bound is for unscaled rows")
@@ -537,7 +539,7 @@ def _assign_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
-    part_inertia_ptr, part_changed_ptr, part_base, control_ptr,
+    part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride, control_ptr,
     n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -554,7 +556,7 @@ def _assign_kernel(
         _assign_programs(x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                          c_norm_ptr, row_index_ptr, row_count_ptr,
                          labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
-                         part_inertia_ptr, part_changed_ptr, part_base,
+                         part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
                          n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
@@ -566,7 +568,7 @@ def _assign_programs(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
-    part_inertia_ptr, part_changed_ptr, part_base,
+    part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
     n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -589,6 +591,10 @@ def _assign_programs(
         # Persistent over a row list whose length is only known on the device (no host sync).
         row_count = tl.load(row_count_ptr)
         n_tiles = tl.cdiv(row_count, BLOCK_N)
+    elif SEARCHED:
+        # One chunk of the rows, from tile ``tile_offset`` on (see AssignPass.__call__).
+        row_count = 0
+        n_tiles = tl.minimum(tl.cdiv(n, BLOCK_N) - tile_offset, searched_stride // BLOCK_N)
     else:
         row_count = 0
         n_tiles = tl.cdiv(n, BLOCK_N)
@@ -596,7 +602,7 @@ def _assign_programs(
         for t in range(pid, n_tiles, tl.num_programs(0)):
             i, c, acc_sums, acc_counts = _tile(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
-                c_norm_ptr, row_index_ptr, row_count,
+                c_norm_ptr, row_index_ptr, row_count, tile_offset, searched_stride,
                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
@@ -609,7 +615,7 @@ def _assign_programs(
     else:
         inertia, changed, acc_sums, acc_counts = _tile(
             pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
-            c_norm_ptr, row_index_ptr, 0,
+            c_norm_ptr, row_index_ptr, 0, tile_offset, searched_stride,
             labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
@@ -1061,10 +1067,31 @@ class AssignPass:
                            and (precision == "exact" or (precision == "fast" and x.dtype == torch.float32
                                                          and 64 < d <= 128))
                            and hopper_search.supported(x, k, scaled=scaled, split=False, row_list=False))
-            self.searched = torch.empty(5, n, dtype=torch.float32, device=device) if self.hopper else None
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             if self.update == UPDATE_CARRY:
                 self.main_grid = persistent_grid(self.main_grid, num_persistent_programs(device))
+            if self.hopper and n:
+                # Search and epilogue one chunk of rows at a time: the record is O(chunk). Each
+                # chunk's epilogue launch writes its own run of partial slots (``chunk_grid``).
+                self.chunk_rows = hopper_search.chunk_rows(n, max(cfg["BLOCK_N"], 128), device)
+                self.n_chunks = triton.cdiv(n, self.chunk_rows)
+                chunk_tiles = self.chunk_rows // cfg["BLOCK_N"]
+                self.chunk_grid = (persistent_grid(chunk_tiles, num_persistent_programs(device))
+                                   if self.update == UPDATE_CARRY else chunk_tiles)
+                # Also enough programs for a launch of the tl.dot search (extra ones find no rows).
+                self.main_grid = max(self.main_grid, self.n_chunks * self.chunk_grid)
+                # Over several chunks on a GPU the searches alternate between two side streams and
+                # two records, so that chunk i + 1's search fills the SMs that chunk i's search
+                # and epilogue leave idle. ``TORCHKM_HOPPER_OVERLAP=0``: one stream, one record
+                # (experiments).
+                self.overlap = (self.n_chunks > 1 and device.type == "cuda"
+                                and os.environ.get("TORCHKM_HOPPER_OVERLAP", "1") != "0")
+                # Allocated by the first call that searches (passes over row lists never do).
+                self.searched = None
+                self.search_streams = (torch.cuda.Stream(device), torch.cuda.Stream(device)) if self.overlap else ()
+            else:
+                self.hopper = self.overlap = False
+                self.searched, self.search_streams = None, ()
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
             if self.check:
                 self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3"), "SWAP": False}
@@ -1087,6 +1114,41 @@ class AssignPass:
         if self.main_grid == 0:  # no program writes them
             self.part_inertia.zero_()
             self.part_changed.zero_()
+
+    def _searched_chunks(self, x: torch.Tensor, prepared: Any, control: torch.Tensor | None, block_n: int,
+                         main: dict[str, Any]) -> None:
+        """The Hopper search and the epilogue over it, chunk by chunk. With ``overlap``, chunk i's
+        search runs on side stream i % 2 into record i % 2, once the epilogue that read that record
+        (chunk i - 2's) is done: a search can start while the previous one drains and the
+        epilogue runs. The caller's stream waits for every search it reads, so all work has joined
+        it on return (also under CUDA graph capture)."""
+        if self.searched is None:
+            self.searched = torch.empty(2 if self.overlap else 1, hopper_search.record_rows(self.check),
+                                        self.chunk_rows, dtype=torch.float32, device=x.device)
+        caller = torch.cuda.current_stream(x.device) if self.overlap else None
+        for stream in self.search_streams:
+            stream.wait_stream(caller)  # the prepared centroids, the control word
+        read = []
+        for chunk in range(self.n_chunks):
+            start = chunk * self.chunk_rows
+            record = self.searched[chunk % len(self.searched)]
+            if self.overlap:
+                stream = self.search_streams[chunk % 2]
+                with torch.cuda.stream(stream):
+                    if chunk >= 2:
+                        stream.wait_event(read[chunk - 2])
+                    hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
+                                         check=self.check, control=control)
+                caller.wait_stream(stream)
+            else:
+                hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
+                                     check=self.check, control=control)
+            launcher(_assign_kernel)[(self.chunk_grid,)](
+                x, prepared.c_mma, searched_ptr=record, SEARCHED=True, part_base=chunk * self.chunk_grid,
+                tile_offset=start // block_n, searched_stride=self.chunk_rows, **main,
+            )
+            if self.overlap:
+                read.append(caller.record_event())
 
     def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool) -> dict[str, Any]:
         # Unscaled rows: each score's error besides the centroids' rounding, which the kernel bounds
@@ -1196,18 +1258,16 @@ class AssignPass:
                         and not torch.compiler.is_compiling()
                         and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
             if searched:
-                hopper_search.search(x, prepared.c_mma, prepared.bias, self.searched, check=self.check, control=control)
                 # The epilogue only (no search): the eager search's variables take the record.
                 cfg = {**cfg, "EAGER": True, "SWAP": False, "num_stages": 1}
             # ONE_CHUNK: the config's BLOCK_D covers all features, so a row tile is loaded once.
             # Over a row list the launch is persistent (its length is on the device); main_grid
             # programs still cover it whole and write every partial slot.
-            launcher(_assign_kernel)[(self.main_grid,)](
-                x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype), prepared.bias,
+            main = dict(
+                c_lo_ptr=prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype), bias_ptr=prepared.bias,
                 row_index_ptr=spare("row_index", torch.int32) if rows is None else rows[0],
-                row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1], part_base=0,
+                row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1],
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
-                searched_ptr=self.searched if searched else spare("searched"), SEARCHED=searched,
                 KEYS=1 if split_research else 0,
                 **self._bound_arguments(x.dtype, d, row_scale is not None),
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
@@ -1215,6 +1275,13 @@ class AssignPass:
                 PRECISION=("tf32" if x.dtype == torch.float32 else "ieee") if self.fast else self.precision,
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
+            if searched:
+                self._searched_chunks(x, prepared, control, cfg["BLOCK_N"], main)
+            else:
+                launcher(_assign_kernel)[(self.main_grid,)](
+                    x, prepared.c_mma, searched_ptr=spare("searched"), SEARCHED=False, part_base=0, tile_offset=0,
+                    searched_stride=0, **main,
+                )
         if self.recheck_grid:
             # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
             cfg = self.recheck_cfg
@@ -1231,7 +1298,7 @@ class AssignPass:
                 x, prepared.c_exact, spare("c_lo"), prepared.bias_exact, row_index_ptr=self.flag_rows,
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
                 flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
-                searched_ptr=spare("searched"), SEARCHED=False,
+                searched_ptr=spare("searched"), SEARCHED=False, tile_offset=0, searched_stride=0,
                 SPLIT=False, part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,

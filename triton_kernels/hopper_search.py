@@ -40,19 +40,24 @@ try:  # Gluon is experimental: its absence, or another API, leaves the tl.dot se
 except ImportError:  # pragma: no cover - depends on the installed Triton
     gluon = None
 
-__all__ = ["available", "mode", "search", "search_reference", "supported"]
+__all__ = ["available", "chunk_rows", "mode", "record_rows", "search", "search_reference", "supported"]
 
-# Tile shapes, per operand size: (rows, centroids, stages, warps). Rows are the wgmma's M (16 per
-# warp), centroids its N; the row tile stays in shared memory beside the centroid stages.
-_CONFIG = {4: (128, 64, 3, 8), 2: (128, 64, 3, 8)}
+# Tile shapes, per operand size: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16
+# per warp), centroids its N; the row tile stays in shared memory beside the centroid stages;
+# ``group``: centroid tiles per loop iteration (see ``_search_rows``). Larger groups hide more of
+# the folds, but ptxas then spills (Triton 3.6, 255 registers: 1.5-3 KB a thread at 8, where 4
+# spills at most 76 bytes), as do 4 stages; with 64 rows a program (4 warps) the fp32 search
+# measured 4.13 against 3.75 ms (H200, 1M x 128, k = 4096, scripts/diag_hopper_search.py --configs).
+_CONFIG = {4: (128, 64, 3, 8, 4), 2: (128, 64, 3, 8, 4)}
 _SHARED_BYTES = 226 * 1024  # of the 227 KiB an sm_90 block may use, some left for the barriers
 
 
-def _config(size: int) -> tuple[int, int, int, int]:
-    spec = os.environ.get("TORCHKM_HOPPER_CONFIG")  # BLOCK_N,BLOCK_K,STAGES,num_warps (experiments)
+def _config(size: int) -> tuple[int, int, int, int, int]:
+    # TORCHKM_HOPPER_CONFIG=BLOCK_N,BLOCK_K,STAGES,num_warps[,GROUP] (experiments)
+    spec = os.environ.get("TORCHKM_HOPPER_CONFIG")
     if spec:
-        block_n, block_k, stages, warps = (int(v) for v in spec.split(","))
-        return block_n, block_k, stages, warps
+        values = [int(v) for v in spec.split(",")]
+        return (*values[:4], values[4] if len(values) > 4 else _CONFIG[size][4])
     return _CONFIG[size]
 
 
@@ -95,6 +100,30 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
     if x.stride(1) != 1 or (x.stride(0) * size) % 16 or x.data_ptr() % 16:
         return False
     return n > 0 and k > _config(size)[1]
+
+
+def chunk_rows(n: int, step: int, device: torch.device) -> int:
+    """Rows per search launch of a pass over ``n`` rows: the pass searches and runs its epilogue one
+    chunk at a time, so that the record is O(chunk) rather than O(n) (5 x 4 bytes a row would add a
+    fifth to a 1M x 128 fp32 fit's memory beside x). 8 waves of the search's programs (one per
+    SM, as its shared memory allows; 2.7 MB of record on an H200), rounded up to a multiple of
+    ``step`` (the epilogue's rows per program); at most n rounded up. ``TORCHKM_HOPPER_CHUNK_ROWS``
+    sets the rows (tests, experiments)."""
+    spec = os.environ.get("TORCHKM_HOPPER_CHUNK_ROWS")
+    if spec:
+        rows = int(spec)
+    else:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        rows = 8 * sms * max(config[0] for config in _CONFIG.values())
+    step = max(step, 1)
+    rows = triton.cdiv(max(rows, 1), step) * step
+    return min(rows, triton.cdiv(max(n, 1), step) * step)
+
+
+def record_rows(check: bool) -> int:
+    """Rows of ``search``'s record: best score and index; with ``check`` also the second best, its
+    index and the third-best score."""
+    return 5 if check else 2
 
 
 if gluon is not None:
@@ -142,19 +171,20 @@ if gluon is not None:
     def _search_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, control_ptr,
                        n, k,
                        BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                       INSTR_K: gl.constexpr, HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
+                       INSTR_K: gl.constexpr, GROUP: gl.constexpr, HAS_CONTROL: gl.constexpr,
+                       num_warps: gl.constexpr):
         if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
             if gl.load(control_ptr) == 0:
                 _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
-                             BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, num_warps)
+                             BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, num_warps)
         else:
             _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
-                         BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, num_warps)
+                         BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, num_warps)
 
     @gluon.jit
     def _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                     INSTR_K: gl.constexpr, num_warps: gl.constexpr):
+                     INSTR_K: gl.constexpr, GROUP: gl.constexpr, num_warps: gl.constexpr):
         DP: gl.constexpr = x_desc.block_type.shape[1]
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_K, INSTR_K])
@@ -178,28 +208,28 @@ if gluon is not None:
         best_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
         tile_t = gl.full([BLOCK_N, BLOCK_K], 0, gl.int32, layout)
         second_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
-        # Tiles in groups of four: a, b issued; a retired (b in flight), c issued; b retired, d
-        # issued; c retired; d retired. Each fold but the group's last runs while the next product
-        # is in flight. No product is in flight across the loop's back edge: a carried one would be
-        # copied at the loop's phi, reading registers a product in flight writes, and ptxas then
-        # serialises every product (C7514). Each product starts from ``zero`` (fresh registers).
+        # Tiles in groups of GROUP (>= 2): the first two issued; then each retired (the next in
+        # flight) and the one after it issued; the last two retired. Each fold but the group's last
+        # runs while the next product is in flight. No product is in flight across the loop's
+        # back edge: a carried one would be copied at the loop's phi, reading registers a product
+        # in flight writes, and ptxas then serialises every product (C7514). Each product starts
+        # from ``zero`` (fresh registers).
         zero = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
         mbarrier.wait(x_ready, 0)
-        for p in range(n_tiles // 4):
-            j = 4 * p
+        for p in range(n_tiles // GROUP):
+            j = GROUP * p
             pending_a = _issue(x_smem, c_smem, ready, zero, j, STAGES)
             pending_b = _issue(x_smem, c_smem, ready, zero, j + 1, STAGES)
-            best_t, tile_t, second_t = _retire(pending_a, c_desc, c_smem, ready, bias_ptr, j, n_tiles, k, best_t,
-                                               tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
-            pending_c = _issue(x_smem, c_smem, ready, zero, j + 2, STAGES)
-            best_t, tile_t, second_t = _retire(pending_b, c_desc, c_smem, ready, bias_ptr, j + 1, n_tiles, k, best_t,
-                                               tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
-            pending_d = _issue(x_smem, c_smem, ready, zero, j + 3, STAGES)
-            best_t, tile_t, second_t = _retire(pending_c, c_desc, c_smem, ready, bias_ptr, j + 2, n_tiles, k, best_t,
-                                               tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
-            best_t, tile_t, second_t = _retire(pending_d, c_desc, c_smem, ready, bias_ptr, j + 3, n_tiles, k, best_t,
-                                               tile_t, second_t, 0, STAGES, BLOCK_K, CHECK, layout)
-        for t in range(n_tiles - n_tiles % 4, n_tiles):  # the last 0-3 tiles, one at a time
+            for i in gl.static_range(GROUP - 2):
+                best_t, tile_t, second_t = _retire(pending_a, c_desc, c_smem, ready, bias_ptr, j + i, n_tiles, k,
+                                                   best_t, tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
+                pending_a = pending_b
+                pending_b = _issue(x_smem, c_smem, ready, zero, j + i + 2, STAGES)
+            best_t, tile_t, second_t = _retire(pending_a, c_desc, c_smem, ready, bias_ptr, j + GROUP - 2, n_tiles, k,
+                                               best_t, tile_t, second_t, 1, STAGES, BLOCK_K, CHECK, layout)
+            best_t, tile_t, second_t = _retire(pending_b, c_desc, c_smem, ready, bias_ptr, j + GROUP - 1, n_tiles, k,
+                                               best_t, tile_t, second_t, 0, STAGES, BLOCK_K, CHECK, layout)
+        for t in range(n_tiles - n_tiles % GROUP, n_tiles):  # the last tiles, one at a time
             pending = _issue(x_smem, c_smem, ready, zero, t, STAGES)
             best_t, tile_t, second_t = _retire(pending, c_desc, c_smem, ready, bias_ptr, t, n_tiles, k, best_t,
                                                tile_t, second_t, 0, STAGES, BLOCK_K, CHECK, layout)
@@ -247,32 +277,37 @@ def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
     ties to the lowest index."""
     if control is not None and int(control.reshape(-1)[0]) != 0:
         return
+    n = x.shape[0]
     scores = bias[None, :] + x.float() @ c_mma.float().T
     values, order = torch.sort(scores, dim=1, stable=True)
     labels = out.view(torch.int32)
-    out[0] = values[:, 0]
-    labels[1] = order[:, 0].to(torch.int32)
+    out[0, :n] = values[:, 0]
+    labels[1, :n] = order[:, 0].to(torch.int32)
     if check:
-        out[2] = values[:, 1]
-        labels[3] = order[:, 1].to(torch.int32)
-        out[4] = values[:, 2]
+        out[2, :n] = values[:, 1]
+        labels[3, :n] = order[:, 1].to(torch.int32)
+        out[4, :n] = values[:, 2]
 
 
 def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
            control: torch.Tensor | None = None) -> None:
-    """Write each row's search result into ``out`` (int32-compatible (5, n) float32 storage): rows 0-4
-    are the best score, its index (int32 bits), the second best, its index, and the third-best score
-    (the last three only with ``check``). ``c_mma``: the prepared (k, d) centroids of the fast pass
+    """Write each row's search result into the first n columns of ``out`` (float32, (``record_rows``,
+    m >= n), rows contiguous): rows 0-4 are the best score, its index (int32 bits), the second
+    best, its index, and the third-best score (the last three only with ``check``, which needs 5
+    rows). ``c_mma``: the prepared (k, d) centroids of the fast pass
     (x's dtype, pre-scaled by -2), ``bias`` their fp32 (k,) bias. ``control``: an int32 word; the
     launch does nothing unless it is 0 (a frozen iteration of a replayed block). Call only where
     ``supported``. Under ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
+    if out.dim() != 2 or out.shape[0] < record_rows(check) or out.shape[1] < x.shape[0] or out.stride(1) != 1:
+        raise ValueError(f"search record: expected ({record_rows(check)}, >= {x.shape[0]}) float32 with contiguous "
+                         f"rows, got {tuple(out.shape)}")
     if mode() == "reference":
         search_reference(x, c_mma, bias, out, check=check, control=control)
         return
     n, d = x.shape
     k = c_mma.shape[0]
     size = x.element_size()
-    block_n, block_k, stages, warps = _config(size)
+    block_n, block_k, stages, warps, group = _config(size)
     d_pad = max(16, triton.next_power_of_2(d))
     # As many centroid stages as fit beside the row tile (at least two: one read, one filling).
     stages = max(2, min(stages, (_SHARED_BYTES - block_n * d_pad * size) // (block_k * d_pad * size)))
@@ -282,8 +317,10 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, d_pad], x_layout)
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, d_pad], c_layout)
     labels = out.view(torch.int32)
+    # Without ``check`` rows 2-4 are never written: the pointers go to row 0 (any valid address).
+    second, label2, third = (out[2], labels[3], out[4]) if check else (out[0], labels[0], out[0])
     _search_kernel[(triton.cdiv(n, block_n),)](
-        x_desc, c_desc, bias, out[0], labels[1], out[2], labels[3], out[4], bias if control is None else control, n, k,
-        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size,
+        x_desc, c_desc, bias, out[0], labels[1], second, label2, third, bias if control is None else control, n, k,
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size, GROUP=group,
         HAS_CONTROL=control is not None, num_warps=warps,
     )

@@ -58,13 +58,45 @@ def test_mode_follows_the_switch(monkeypatch):
     assert hopper_search.mode() == ("kernel" if hopper_search.available() else None)
 
 
+@pytest.mark.parametrize("chunk", [None, 128])
 @pytest.mark.parametrize("k", [129, 1000])
 @pytest.mark.parametrize("d", [64, 100, 128])
-def test_searched_pass_matches_float64(searched, d, k):
+def test_searched_pass_matches_float64(searched, monkeypatch, d, k, chunk):
     """The exact pass over the search record: weighted, centred rows with previous labels and sums
-    (settling, deferral and re-search included), against float64."""
+    (settling, deferral and re-search included), against float64; in one chunk, or in chunks of 128
+    rows (300 rows: two whole chunks and a part)."""
+    if chunk:
+        monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk))
     _check_fused_pass(d, k, seed=d + k)
-    assert searched, "the pass did not take the search record"
+    assert len(searched) == (3 if chunk else 1), "the pass did not take the search record chunk by chunk"
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_chunks_bound_the_record(searched, monkeypatch, check):
+    monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", "200")
+    x, _ = _data(1000, 100, 300, seed=5)
+    p = AssignPass(x, 300, "exact" if check else "fast", update=True)
+    # Chunks are whole programs of the epilogue and of the search (128 rows), so 200 -> 256.
+    assert p.chunk_rows % 128 == 0 and p.chunk_rows % p.cfg["BLOCK_N"] == 0 and p.chunk_rows >= 200
+    assert p.searched is None  # until a call searches
+    p(x, x[:300].clone(), offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None,
+      prev_labels=None, labels=torch.empty(1000, dtype=torch.int64, device=DEVICE))
+    # One record; two on a GPU, where the next chunk's search overlaps this chunk's epilogue.
+    assert p.searched.shape == (2 if p.overlap else 1, hopper_search.record_rows(check), p.chunk_rows)
+    assert p.overlap == (DEVICE == "cuda")
+    assert p.n_chunks == -(-1000 // p.chunk_rows)
+    monkeypatch.delenv("TORCHKM_HOPPER_CHUNK_ROWS")
+    assert AssignPass(x, 300, "exact", update=True).n_chunks == 1
+
+
+def test_fast_pass_in_chunks(searched, monkeypatch):
+    """The fast mode's two-row record, chunk by chunk, against the tl.dot search's labels."""
+    monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", "128")
+    n, d, k = 333, 100, 300
+    x, c = _data(n, d, k, seed=11)
+    out = assign(x, c, precision="fast")
+    assert len(searched) >= 2  # 128 rows rounded up to the epilogue's rows per program
+    _check_labels(x, c, out.labels, "fast")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -174,3 +206,52 @@ def test_default_pass_takes_the_kernel(precision, n, d, k, dtype):
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
     sample = torch.arange(0, n, 97, device="cuda")
     _check_labels(x[sample].float(), c, out.labels[sample], precision, input_dtype=dtype)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_chunks_on_two_streams_match_one_chunk(monkeypatch, precision):
+    """Seven chunks, each chunk's epilogue overlapping the next chunk's search on a side stream,
+    eagerly and replayed from a CUDA graph, against one chunk: the same labels, distances, sums
+    and counts (the poisoned outputs are all written)."""
+    n, d, k = 100_003, 128, 4096
+    x = torch.randn(n, d, device="cuda")
+    c = x[torch.randperm(n, device="cuda")[:k]] + 0.05 * torch.randn(k, d, device="cuda")
+    norms = x.norm(dim=1)
+
+    def run(chunk_rows, graph=False):
+        monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk_rows))
+        p = AssignPass(x, k, precision, update=True)
+        labels = torch.full((n,), -1, dtype=torch.int64, device="cuda")
+        sq_dist = torch.full((n,), float("nan"), device="cuda")
+
+        def call():
+            p(x, c, offset=None, row_scale=None, raw_norms=norms, sample_weight=None, prev_labels=None,
+              labels=labels, sq_dist=sq_dist)
+
+        if graph:
+            call()
+            labels.fill_(-1)
+            sq_dist.fill_(float("nan"))
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                call()
+            labels.fill_(-1)
+            sq_dist.fill_(float("nan"))
+            g.replay()
+        else:
+            call()
+        torch.cuda.synchronize()
+        return p, labels, sq_dist, p.acc_sums.sum(0).clone(), p.acc_counts.sum(0).clone()
+
+    one = run(10**9)
+    assert one[0].n_chunks == 1
+    for graph in (False, True):
+        chunked = run(16_384, graph=graph)
+        assert chunked[0].n_chunks == 7 and chunked[0].overlap
+        assert (chunked[1] >= 0).all()
+        assert torch.equal(chunked[1], one[1])
+        torch.testing.assert_close(chunked[2], one[2])
+        torch.testing.assert_close(chunked[3], one[3], rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(chunked[4], one[4])
