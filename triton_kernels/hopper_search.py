@@ -104,9 +104,9 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
 
 def chunk_rows(n: int, step: int, device: torch.device) -> int:
     """Rows per search launch of a pass over ``n`` rows: the pass searches and runs its epilogue one
-    chunk at a time, so that the record is O(chunk) rather than O(n) (5 x 4 bytes a row would add a
-    fifth to a 1M x 128 fp32 fit's memory beside x). 8 waves of the search's programs (one per
-    SM, as its shared memory allows; 2.7 MB of record on an H200), rounded up to a multiple of
+    chunk at a time, so that the record is O(chunk) rather than O(n) (5 x 4 bytes a row: 2 GB at
+    100M rows). 8 waves of the search's programs (one per SM, as its shared memory allows; 2.7 MB
+    of record on an H200), rounded up to a multiple of
     ``step`` (the epilogue's rows per program); at most n rounded up. ``TORCHKM_HOPPER_CHUNK_ROWS``
     sets the rows (tests, experiments)."""
     spec = os.environ.get("TORCHKM_HOPPER_CHUNK_ROWS")
