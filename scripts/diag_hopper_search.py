@@ -35,7 +35,7 @@ def search_ms(x: torch.Tensor, c: torch.Tensor, check_: bool) -> float:
     from torchkm._kernels.centroids import prepare_centroids
 
     prepared = prepare_centroids(c.float().contiguous(), None, x.dtype, fast=True, split=False, exact=False)
-    out = torch.empty(5, x.shape[0], device=x.device)
+    out = torch.empty(hopper_search.record_rows(True), x.shape[0], device=x.device)
     return graph_ms(lambda: hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=check_))
 
 
@@ -46,7 +46,7 @@ def record_off_pct(x: torch.Tensor, c: torch.Tensor) -> float:
     from torchkm._kernels.centroids import prepare_centroids
 
     prepared = prepare_centroids(c.float().contiguous(), None, x.dtype, fast=True, split=False, exact=False)
-    out = torch.full((5, x.shape[0]), float("nan"), device=x.device)
+    out = torch.full((hopper_search.record_rows(True), x.shape[0]), float("nan"), device=x.device)
     hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=True)
     rows = torch.randint(0, x.shape[0], (4096,), device=x.device)
     scores = prepared.bias.double()[None, :] + x[rows].double() @ prepared.c_mma.double().T

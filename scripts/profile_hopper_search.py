@@ -32,7 +32,7 @@ def main() -> None:
     x = torch.randn(args.n, args.d, device="cuda").to(getattr(torch, args.dtype))
     c = x[torch.randint(0, args.n, (args.k,), device="cuda")].float()
     prepared = prepare_centroids(c, None, x.dtype, fast=True, split=False, exact=False)
-    out = torch.empty(5, args.n, device="cuda")
+    out = torch.empty(hopper_search.record_rows(True), args.n, device="cuda")
     for mode in args.modes:
         for _ in range(2):
             hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=mode == "exact")

@@ -106,6 +106,11 @@ def _tile(
     DISTANCE_BOUND: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
+    # The lazy searches (and the Hopper search's record) also name a third candidate (``label3``,
+    # -1 for none) and bound every other score (``fourth``): under the distance bound, a row whose
+    # third could beat the winner compares it directly and is re-searched only if the rest could.
+    # (DISTANCE_BOUND = 1: without; TORCHKM_EXACT_THIRD=0, experiments.)
+    THIRD: tl.constexpr = DISTANCE_BOUND == 2 and (SEARCHED or not EAGER)
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_INDEX:
         row_mask = slots < row_count
@@ -266,6 +271,8 @@ def _tile(
             at_second = index_t == label2[None, :]
             third = tl.min(tl.where(at_best | at_second, second_t, best_t), axis=0)
             second = tl.minimum(second, tl.min(tl.where(at_best, second_t, float("inf")), axis=0))
+            if THIRD:
+                label3, fourth = _third_candidate(best_t, second_t, index_t, at_best | at_second, 0)
     elif not EAGER:
         best = tl.min(best_t, axis=1)
         index_t = tile_t + tile_cols[None, :]
@@ -278,10 +285,13 @@ def _tile(
             at_second = index_t == label2[:, None]
             third = tl.min(tl.where(at_best | at_second, second_t, best_t), axis=1)
             second = tl.minimum(second, tl.min(tl.where(at_best, second_t, float("inf")), axis=1))
+            if THIRD:
+                label3, fourth = _third_candidate(best_t, second_t, index_t, at_best | at_second, 1)
     if SEARCHED:
-        # hopper_search.search's record of this launch's chunk of rows, (2 or 5, searched_stride):
+        # hopper_search.search's record of this launch's chunk of rows, (2 or 7, searched_stride):
         # best score, its index (int32 bits); with CHECK the second best, its index, the third-best
-        # score. ``slots`` are the rows' places in the chunk.
+        # score, a third candidate's index and a bound on the rest. ``slots`` are the rows' places
+        # in the chunk.
         best = tl.load(searched_ptr + slots, mask=row_mask, other=float("inf"))
         label = tl.load(searched_ptr + searched_stride + slots, mask=row_mask, other=0.0).to(tl.int32, bitcast=True)
         if CHECK:
@@ -289,6 +299,10 @@ def _tile(
             label2 = tl.load(searched_ptr + 3 * searched_stride + slots, mask=row_mask,
                              other=0.0).to(tl.int32, bitcast=True)
             third = tl.load(searched_ptr + 4 * searched_stride + slots, mask=row_mask, other=float("inf"))
+            if THIRD:
+                label3 = tl.load(searched_ptr + 5 * searched_stride + slots, mask=row_mask,
+                                 other=0.0).to(tl.int32, bitcast=True)
+                fourth = tl.load(searched_ptr + 6 * searched_stride + slots, mask=row_mask, other=float("inf"))
     if KEYS == 2:
         label = _label_of_key(tl.load(key_ptr.to(tl.pointer_type(tl.uint64)) + slots, mask=row_mask, other=0))
     tl.static_assert(not DISTANCE_BOUND or (CHECK and not HAS_SCALE), "the distance bound is for unscaled rows")
@@ -363,6 +377,29 @@ def _tile(
             margin = (d + 16) * 1.1920929e-07
             others_low = _distance_floor(third, x_sq, bound, residual_max, margin)
             flag = row_mask & (third < 3.0e38) & (others_low <= sq_dist * (1.0 + margin))
+            if THIRD:
+                # Those rows compare their third candidate directly (few rows: the loads are masked,
+                # and tiles without one skip the sweep); then only a fourth could still win.
+                resolve3 = flag & (label3 >= 0)
+                if tl.max(resolve3.to(tl.int32), axis=0) > 0:
+                    sq_dist3 = tl.zeros((BLOCK_N,), tl.float32)
+                    label3_64 = label3.to(tl.int64)
+                    for d0 in range(0, d, EPI_D):
+                        dims = d0 + epi_dims
+                        dim_mask = dims < d
+                        xr = load_rows(x_ptr, rows, resolve3, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
+                                       HAS_OFFSET, HAS_SCALE)
+                        cr3 = tl.load(c32_ptr + label3_64[:, None] * d + dims[None, :],
+                                      mask=resolve3[:, None] & dim_mask[None, :], other=0.0)
+                        diff3 = xr - cr3
+                        sq_dist3 += tl.sum(diff3 * diff3, axis=1)
+                    take3 = resolve3 & ((sq_dist3 < sq_dist) | ((sq_dist3 == sq_dist) & (label3 < label)))
+                    loser_sq = tl.where(resolve3, tl.minimum(loser_sq, tl.where(take3, sq_dist, sq_dist3)), loser_sq)
+                    label = tl.where(take3, label3, label)
+                    sq_dist = tl.where(take3, sq_dist3, sq_dist)
+                    fourth_low = _distance_floor(fourth, x_sq, bound, residual_max, margin)
+                    others_low = tl.where(resolve3, fourth_low, others_low)
+                    flag = tl.where(resolve3, (fourth < 3.0e38) & (fourth_low <= sq_dist * (1.0 + margin)), flag)
         done = row_mask & (flag == 0)
         n_flag = tl.sum(flag.to(tl.int32), axis=0)
         base = tl.atomic_add(flag_count_ptr, n_flag)
@@ -456,6 +493,20 @@ def _distance_floor(score, x_sq, bound, residual_max, margin):
     t = score_c + x_sq - bound - margin * (x_sq + tl.abs(score_c)) - residual_max * residual_max
     root = tl.sqrt(tl.maximum(t, 0.0) + residual_max * residual_max) - residual_max
     return root * root * (1.0 - margin)
+
+
+@triton.jit
+def _third_candidate(best_t, second_t, index_t, at_two, AXIS: tl.constexpr):
+    """Over a lazy search's slots (``AXIS``: the slots of a row), given the slots of the best two
+    (``at_two``): the best of the other slots' minima as a third candidate (its index, -1 if none),
+    and a lower bound on every score but those three (the slots' second-lowest and the other
+    minima)."""
+    rest = tl.where(at_two, float("inf"), best_t)
+    third = tl.min(rest, axis=AXIS)
+    label3 = tl.min(tl.where(rest == tl.expand_dims(third, AXIS), index_t, 2147483647), axis=AXIS)
+    at_third = index_t == tl.expand_dims(label3, AXIS)
+    fourth = tl.min(tl.where(at_two | at_third, second_t, best_t), axis=AXIS)
+    return tl.where(third < float("inf"), label3, -1), fourth
 
 
 @triton.jit
@@ -1164,7 +1215,8 @@ class AssignPass:
             return {"bound_coef": gap_bound_coefficient(dtype, d, split=self.split), "bias_coef": 0.0,
                     "DISTANCE_BOUND": False}
         bound, bias = score_bound_coefficients(dtype, d, split=self.split)
-        return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": True}
+        third = os.environ.get("TORCHKM_EXACT_THIRD", "1") != "0"
+        return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": 2 if third else 1}
 
     def __call__(
         self, x: torch.Tensor, c32: torch.Tensor, *, offset: torch.Tensor | None, row_scale: torch.Tensor | None,

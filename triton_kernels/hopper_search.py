@@ -11,7 +11,8 @@ on tile j + 1. Centroid tiles stream through a ring of shared-memory stages fill
 tile is loaded once.
 
 It computes only the search, as the fused pass's would: per row the best score and its index, and
-(``CHECK``) the second best with its index and the third-best score, with the same conventions
+(``CHECK``) the second best with its index, a third candidate with its index and lower bounds on
+the scores of the others, with the same conventions
 (score ``bias_j - 2 x.c~_j`` from the prepared centroids, lowest index on ties, strict comparisons
 across tiles). ``assign._tile`` then runs its epilogue (direct distances, the exact mode's
 settling and deferral, sums) from these instead of searching (``SEARCHED``).
@@ -48,16 +49,16 @@ __all__ = ["available", "chunk_rows", "mode", "record_rows", "search", "search_r
 # the folds, but ptxas then spills (Triton 3.6, 255 registers: 1.5-3 KB a thread at 8, where 4
 # spills at most 76 bytes), as do 4 stages; with 64 rows a program (4 warps) the fp32 search
 # measured 4.13 against 3.75 ms (H200, 1M x 128, k = 4096, scripts/diag_hopper_search.py --configs).
-_CONFIG = {4: (128, 64, 3, 8, 4, 0), 2: (128, 64, 3, 8, 4, 0)}
+_CONFIG = {4: (128, 64, 3, 8, 4), 2: (128, 64, 3, 8, 4)}
 _SHARED_BYTES = 226 * 1024  # of the 227 KiB an sm_90 block may use, some left for the barriers
 
 
-def _config(size: int) -> tuple[int, int, int, int, int, int]:
-    # TORCHKM_HOPPER_CONFIG=BLOCK_N,BLOCK_K,STAGES,num_warps[,GROUP[,SPECIALIZED]] (experiments)
+def _config(size: int) -> tuple[int, int, int, int, int]:
+    # TORCHKM_HOPPER_CONFIG=BLOCK_N,BLOCK_K,STAGES,num_warps[,GROUP] (experiments)
     spec = os.environ.get("TORCHKM_HOPPER_CONFIG")
     if spec:
         values = [int(v) for v in spec.split(",")]
-        return (*values, *_CONFIG[size][len(values):])[:6]
+        return (*values[:4], values[4] if len(values) > 4 else _CONFIG[size][4])
     return _CONFIG[size]
 
 
@@ -104,10 +105,9 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
 
 def chunk_rows(n: int, step: int, device: torch.device) -> int:
     """Rows per search launch of a pass over ``n`` rows: the pass searches and runs its epilogue one
-    chunk at a time, so that the record is O(chunk) rather than O(n) (5 x 4 bytes a row: 2 GB at
-    100M rows). 8 waves of the search's programs (one per SM, as its shared memory allows; 2.7 MB
-    of record on an H200), rounded up to a multiple of
-    ``step`` (the epilogue's rows per program); at most n rounded up. ``TORCHKM_HOPPER_CHUNK_ROWS``
+    chunk at a time, so that the record is O(chunk) rather than O(n) (7 x 4 bytes a row: 2.8 GB at
+    100M rows). 8 waves of the search's programs (one per SM, as its shared memory allows; 3.8 MB
+    of record on an H200), rounded up to a multiple of ``step`` (the epilogue's rows per program); at most n rounded up. ``TORCHKM_HOPPER_CHUNK_ROWS``
     sets the rows (tests, experiments)."""
     spec = os.environ.get("TORCHKM_HOPPER_CHUNK_ROWS")
     if spec:
@@ -122,8 +122,8 @@ def chunk_rows(n: int, step: int, device: torch.device) -> int:
 
 def record_rows(check: bool) -> int:
     """Rows of ``search``'s record: best score and index; with ``check`` also the second best, its
-    index and the third-best score."""
-    return 5 if check else 2
+    index, a bound on the other scores, a third candidate's index and a bound on the rest."""
+    return 7 if check else 2
 
 
 if gluon is not None:
@@ -168,21 +168,22 @@ if gluon is not None:
         return _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK)
 
     @gluon.jit
-    def _search_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, control_ptr,
-                       n, k,
+    def _search_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                       fourth_ptr, control_ptr, n, k,
                        BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
                        INSTR_K: gl.constexpr, GROUP: gl.constexpr, HAS_CONTROL: gl.constexpr,
                        num_warps: gl.constexpr):
         if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
             if gl.load(control_ptr) == 0:
-                _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
-                             BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, num_warps)
+                _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
+                             label3_ptr, fourth_ptr, n, k, BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, num_warps)
         else:
-            _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
-                         BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, num_warps)
+            _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                         fourth_ptr, n, k, BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, num_warps)
 
     @gluon.jit
-    def _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, n, k,
+    def _search_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                     fourth_ptr, n, k,
                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
                      INSTR_K: gl.constexpr, GROUP: gl.constexpr, num_warps: gl.constexpr):
         DP: gl.constexpr = x_desc.block_type.shape[1]
@@ -237,16 +238,19 @@ if gluon is not None:
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
 
-        _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, row0, n,
-                      BLOCK_N, BLOCK_K, CHECK, layout)
+        _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                      fourth_ptr, row0, n, BLOCK_N, BLOCK_K, CHECK, layout)
 
     @gluon.jit
-    def _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, row0, n,
-                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, CHECK: gl.constexpr, layout: gl.constexpr):
+    def _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                      fourth_ptr, row0, n, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, CHECK: gl.constexpr,
+                      layout: gl.constexpr):
         # Per row over the slots, as assign._tile's lazy searches: the lowest score, ties to the
-        # lowest index; with CHECK the runner-up among the other slots (with its index), and a
-        # lower bound on the third from everything else. A runner-up that shares the winner's slot
-        # has no index: it counts as a third, so the row is re-searched.
+        # lowest index; with CHECK the runner-up among the other slots (with its index), a lower
+        # bound on everything else (third), and the best of the remaining slots (label3) with a
+        # lower bound on everything but the three (fourth). A candidate that shares a slot with a
+        # better one has no index: it only lowers the bounds, so the pass compares it by a
+        # re-search.
         best = gl.min(best_t, axis=1)
         cols = gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout)), 0)
         index_t = tile_t * BLOCK_K + cols
@@ -263,123 +267,16 @@ if gluon is not None:
             at_second = index_t == gl.expand_dims(label2, 1)
             third = gl.min(gl.where(at_best | at_second, second_t, best_t), axis=1)
             second = gl.minimum(second, gl.min(gl.where(at_best, second_t, float("inf")), axis=1))
+            rest = gl.where(at_best | at_second, float("inf"), best_t)
+            third_best = gl.min(rest, axis=1)
+            label3 = gl.min(gl.where(rest == gl.expand_dims(third_best, 1), index_t, 2147483647), axis=1)
+            at_third = index_t == gl.expand_dims(label3, 1)
+            fourth = gl.min(gl.where(at_best | at_second | at_third, second_t, best_t), axis=1)
             gl.store(second_ptr + rows, second, mask=row_mask)
             gl.store(label2_ptr + rows, label2, mask=row_mask)
             gl.store(third_ptr + rows, third, mask=row_mask)
-
-
-    @gluon.jit
-    def _ws_issue(x_smem, c_smem, ready, t, STAGES: gl.constexpr, layout: gl.constexpr, HALF: gl.constexpr,
-                  BLOCK_K: gl.constexpr):
-        s = t % STAGES
-        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-        zero = gl.zeros([HALF, BLOCK_K], gl.float32, layout)
-        return warpgroup_mma(x_smem, c_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-
-    @gluon.jit
-    def _ws_retire(pending, c_desc, c_smem, ready, empty, bias_ptr, t, n_tiles, k, best_t, tile_t, second_t,
-                   OUTSTANDING: gl.constexpr, STAGES: gl.constexpr, BLOCK_K: gl.constexpr, CHECK: gl.constexpr,
-                   PRODUCER: gl.constexpr, layout: gl.constexpr):
-        # Wait for tile t's product and release its stage (an arrival: the other row group is not
-        # waited for). The producer group then refills the stage of tile t - 1 once both groups
-        # have released it, so either group may run a tile ahead of the other.
-        tile_cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
-        bias = gl.load(bias_ptr + t * BLOCK_K + tile_cols, mask=t * BLOCK_K + tile_cols < k, other=float("inf"))
-        acc = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(pending,))
-        mbarrier.arrive(empty.index(t % STAGES), count=1)
-        if PRODUCER:
-            r = t - 1
-            s = (t + STAGES - 1) % STAGES
-            refill = r + STAGES < n_tiles and r >= 0
-            mbarrier.wait(empty.index(s), (r // STAGES) & 1, pred=refill)
-            mbarrier.expect(ready.index(s), c_desc.block_type.nbytes, pred=refill)
-            tma.async_copy_global_to_shared(c_desc, [(r + STAGES) * BLOCK_K, 0], ready.index(s), c_smem.index(s),
-                                            pred=refill)
-        return _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK)
-
-    @gluon.jit
-    def _ws_rows(x_smem, c_desc, c_smem, x_ready, ready, empty, bias_ptr, best_ptr, label_ptr, second_ptr,
-                 label2_ptr, third_ptr, row0, n, k, n_tiles, PART: gl.constexpr, HALF: gl.constexpr,
-                 BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr, INSTR_K: gl.constexpr,
-                 GROUP: gl.constexpr, WARPS: gl.constexpr):
-        # One warpgroup's rows (``PART`` of the program's two; part 0 also refills the ring):
-        # _search_rows' loop and reduction.
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                         instr_shape=[16, BLOCK_K, INSTR_K])
-        PRODUCER: gl.constexpr = PART == 0
-        xs = x_smem.index(PART)
-        best_t = gl.full([HALF, BLOCK_K], float("inf"), gl.float32, layout)
-        tile_t = gl.full([HALF, BLOCK_K], 0, gl.int32, layout)
-        second_t = gl.full([HALF, BLOCK_K], float("inf"), gl.float32, layout)
-        mbarrier.wait(x_ready, 0)
-        for p in range(n_tiles // GROUP):
-            j = GROUP * p
-            pending_a = _ws_issue(xs, c_smem, ready, j, STAGES, layout, HALF, BLOCK_K)
-            pending_b = _ws_issue(xs, c_smem, ready, j + 1, STAGES, layout, HALF, BLOCK_K)
-            for i in gl.static_range(GROUP - 2):
-                best_t, tile_t, second_t = _ws_retire(pending_a, c_desc, c_smem, ready, empty, bias_ptr, j + i,
-                                                      n_tiles, k, best_t, tile_t, second_t, 1, STAGES, BLOCK_K,
-                                                      CHECK, PRODUCER, layout)
-                pending_a = pending_b
-                pending_b = _ws_issue(xs, c_smem, ready, j + i + 2, STAGES, layout, HALF, BLOCK_K)
-            best_t, tile_t, second_t = _ws_retire(pending_a, c_desc, c_smem, ready, empty, bias_ptr, j + GROUP - 2,
-                                                  n_tiles, k, best_t, tile_t, second_t, 1, STAGES, BLOCK_K, CHECK,
-                                                  PRODUCER, layout)
-            best_t, tile_t, second_t = _ws_retire(pending_b, c_desc, c_smem, ready, empty, bias_ptr, j + GROUP - 1,
-                                                  n_tiles, k, best_t, tile_t, second_t, 0, STAGES, BLOCK_K, CHECK,
-                                                  PRODUCER, layout)
-        for t in range(n_tiles - n_tiles % GROUP, n_tiles):
-            pending = _ws_issue(xs, c_smem, ready, t, STAGES, layout, HALF, BLOCK_K)
-            best_t, tile_t, second_t = _ws_retire(pending, c_desc, c_smem, ready, empty, bias_ptr, t, n_tiles, k,
-                                                  best_t, tile_t, second_t, 0, STAGES, BLOCK_K, CHECK, PRODUCER,
-                                                  layout)
-        _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
-                      row0 + PART * HALF, n, HALF, BLOCK_K, CHECK, layout)
-
-    @gluon.jit
-    def _search_ws_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
-                          control_ptr, n, k,
-                          BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr, INSTR_K: gl.constexpr,
-                          GROUP: gl.constexpr, HAS_CONTROL: gl.constexpr, WS_REGS: gl.constexpr,
-                          num_warps: gl.constexpr):
-        # Warp-specialised: the program's rows in two groups of one warpgroup each (the default
-        # partition and one worker), sharing the centroid ring; x_desc's block is one group's rows.
-        HALF: gl.constexpr = x_desc.block_type.shape[0]
-        DP: gl.constexpr = x_desc.block_type.shape[1]
-        row0 = gl.program_id(0) * (2 * HALF)
-        n_tiles = gl.cdiv(k, BLOCK_K)
-        run = True
-        if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
-            run = gl.load(control_ptr) == 0
-        if run:
-            x_smem = gl.allocate_shared_memory(x_desc.dtype, [2, HALF, DP], x_desc.layout)
-            c_smem = gl.allocate_shared_memory(c_desc.dtype, [STAGES, BLOCK_K, DP], c_desc.layout)
-            ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            x_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            mbarrier.init(x_ready, count=1)
-            for s in gl.static_range(STAGES):
-                mbarrier.init(ready.index(s), count=1)
-                mbarrier.init(empty.index(s), count=2)
-            mbarrier.expect(x_ready, 2 * x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [row0, 0], x_ready, x_smem.index(0))
-            tma.async_copy_global_to_shared(x_desc, [row0 + HALF, 0], x_ready, x_smem.index(1))
-            for s in gl.static_range(STAGES):
-                mbarrier.expect(ready.index(s), c_desc.block_type.nbytes, pred=s < n_tiles)
-                tma.async_copy_global_to_shared(c_desc, [s * BLOCK_K, 0], ready.index(s), c_smem.index(s),
-                                                pred=s < n_tiles)
-            gl.warp_specialize([
-                (_ws_rows, (x_smem, c_desc, c_smem, x_ready, ready, empty, bias_ptr, best_ptr, label_ptr, second_ptr,
-                            label2_ptr, third_ptr, row0, n, k, n_tiles, 0, HALF, BLOCK_K, STAGES, CHECK, INSTR_K,
-                            GROUP, num_warps)),
-                (_ws_rows, (x_smem, c_desc, c_smem, x_ready, ready, empty, bias_ptr, best_ptr, label_ptr, second_ptr,
-                            label2_ptr, third_ptr, row0, n, k, n_tiles, 1, HALF, BLOCK_K, STAGES, CHECK, INSTR_K,
-                            GROUP, num_warps)),
-            ], [num_warps], [WS_REGS])
-            mbarrier.invalidate(x_ready)
-            for s in gl.static_range(STAGES):
-                mbarrier.invalidate(ready.index(s))
-                mbarrier.invalidate(empty.index(s))
+            gl.store(label3_ptr + rows, gl.where(third_best < float("inf"), label3, -1), mask=row_mask)
+            gl.store(fourth_ptr + rows, fourth, mask=row_mask)
 
 
 _GL_DTYPE = {}
@@ -407,14 +304,17 @@ def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
         out[2, :n] = values[:, 1]
         labels[3, :n] = order[:, 1].to(torch.int32)
         out[4, :n] = values[:, 2]
+        labels[5, :n] = torch.where(values[:, 2].isinf(), -1, order[:, 2]).to(torch.int32)
+        out[6, :n] = values[:, 3] if values.shape[1] > 3 else float("inf")
 
 
 def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
            control: torch.Tensor | None = None) -> None:
     """Write each row's search result into the first n columns of ``out`` (float32, (``record_rows``,
-    m >= n), rows contiguous): rows 0-4 are the best score, its index (int32 bits), the second
-    best, its index, and the third-best score (the last three only with ``check``, which needs 5
-    rows). ``c_mma``: the prepared (k, d) centroids of the fast pass
+    m >= n), rows contiguous): rows 0-1 are the best score and its index (int32 bits); with
+    ``check`` rows 2-6 are the second best and its index, a lower bound on every other score (the
+    third best), a third candidate's index (-1: none) and a lower bound on every score but those
+    three. ``c_mma``: the prepared (k, d) centroids of the fast pass
     (x's dtype, pre-scaled by -2), ``bias`` their fp32 (k,) bias. ``control``: an int32 word; the
     launch does nothing unless it is 0 (a frozen iteration of a replayed block). Call only where
     ``supported``. Under ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
@@ -427,30 +327,22 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     n, d = x.shape
     k = c_mma.shape[0]
     size = x.element_size()
-    block_n, block_k, stages, warps, group, specialized = _config(size)
+    block_n, block_k, stages, warps, group = _config(size)
     d_pad = max(16, triton.next_power_of_2(d))
     # As many centroid stages as fit beside the row tile (at least two: one read, one filling).
     stages = max(2, min(stages, (_SHARED_BYTES - block_n * d_pad * size) // (block_k * d_pad * size)))
     dtype = _gl_dtype(x.dtype)
-    # The specialised kernel loads the row tile as two boxes, one per row group.
-    x_rows = block_n // 2 if specialized else block_n
-    x_layout = gl.NVMMASharedLayout.get_default_for([x_rows, d_pad], dtype)
+    x_layout = gl.NVMMASharedLayout.get_default_for([block_n, d_pad], dtype)
     c_layout = gl.NVMMASharedLayout.get_default_for([block_k, d_pad], dtype)
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [x_rows, d_pad], x_layout)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, d_pad], x_layout)
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, d_pad], c_layout)
     labels = out.view(torch.int32)
-    # Without ``check`` rows 2-4 are never written: the pointers go to row 0 (any valid address).
-    second, label2, third = (out[2], labels[3], out[4]) if check else (out[0], labels[0], out[0])
-    control_arg = bias if control is None else control
-    if specialized:
-        _search_ws_kernel[(triton.cdiv(n, block_n),)](
-            x_desc, c_desc, bias, out[0], labels[1], second, label2, third, control_arg, n, k,
-            BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size, GROUP=group,
-            HAS_CONTROL=control is not None, WS_REGS=specialized, num_warps=warps // 2,
-        )
-        return
+    # Without ``check`` rows 2-6 are never written: the pointers go to row 0 (any valid address).
+    second, label2, third, label3, fourth = ((out[2], labels[3], out[4], labels[5], out[6]) if check
+                                             else (out[0], labels[0], out[0], labels[0], out[0]))
     _search_kernel[(triton.cdiv(n, block_n),)](
-        x_desc, c_desc, bias, out[0], labels[1], second, label2, third, control_arg, n, k,
+        x_desc, c_desc, bias, out[0], labels[1], second, label2, third, label3, fourth,
+        bias if control is None else control, n, k,
         BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size, GROUP=group,
         HAS_CONTROL=control is not None, num_warps=warps,
     )

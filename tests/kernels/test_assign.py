@@ -107,12 +107,13 @@ def test_small_d_pass_matches_reference(k, d):
 def test_moves_keep_the_float64_sums_of_rows_by_label(k, d, search):
     """``moves=True`` over a row list: only listed rows whose label changed move between the
     float64 sums and counts, so they stay the weighted sums of the rows by their current label.
-    Three copies of one centroid defer rows to the re-search, whose launch moves them too."""
+    Four copies of one centroid defer rows to the re-search (the lazy search settles three tied
+    candidates in the pass), whose launch moves them too."""
     from torchkm._kernels.assign import AssignPass
 
     n = 300
     x, c = _data(n, d, k, seed=31 * d + k)
-    c[1:3] = c[0]
+    c[1:4] = c[0]
     # Its own generator: drawn from the global one, these depended on the tests run before, and in
     # one CI run no listed row was deferred.
     g = torch.Generator().manual_seed(d + k)
@@ -176,8 +177,9 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     """Each row's best two candidates are compared by direct fp32 distances; a row is re-searched
     when a third centroid's score could hide a distance below the winner's: its score less the
     bound of what rounding the rows and the fp32 sums add, and less what rounding the centroids adds
-    (bounded by the distance itself). The lazy searches (per column slot, transposed or not) also
-    re-search a row whose best two share a centroid slot (they keep no index for the second)."""
+    (bounded by the distance itself). The lazy searches (per column slot, transposed or not) name a
+    third candidate too and compare it directly where it could win, so their rows are re-searched
+    when a fourth could; and when a candidate shares a better one's slot (it has no index)."""
     # d > 32: fp32 rows of at most 32 features keep the gap bound; k > 64: the best-two search
     # (below, short fp32 rows are all searched with 3xTF32, see test_exact_mode_is_all_3xtf32_...).
     n, d, k = 512, 40, 65
@@ -190,7 +192,11 @@ def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     order = (((x.double().cpu()[:, None, :] - c.double().cpu()[None]) ** 2).sum(-1)).argsort(1)
     # The third candidate's own score error besides the centroids' rounding is far inside its bound.
     surely = _flagged_by_the_distance_bound(x, c, order[:, 2], slack=0.5)
-    # The lazy searches may take the runner-up's score for the third's.
+    if _names_a_third(x, k, search):
+        # The lazy searches also compare a third candidate directly: a row is re-searched only if a
+        # fourth could win (test_lazy_exact_search_settles_a_third_candidate).
+        surely = _flagged_by_the_distance_bound(x, c, order[:, 3], slack=0.5)
+    # The lazy searches may take the runner-up's score for the third's (or the fourth's).
     maybe = _flagged_by_the_distance_bound(x, c, order[:, 2] if search == "eager" else order[:, 1], slack=-0.5)
     assert 0 < int(surely.sum()) <= int(out.rechecked) <= int(maybe.sum())
     # Fewer than the gap bound of the fast products would re-search.
@@ -221,6 +227,37 @@ def test_lazy_exact_search_re_searches_a_runner_up_in_the_winners_slot(search):
         assert int(out.labels[0]) == first
         assert torch.equal(out.labels.cpu(), assign_reference(x.cpu(), cc.cpu())[0])
         assert int(out.rechecked) == (1 if runner_up == 17 else 0)
+
+
+def _names_a_third(x, k, search):
+    """Whether the exact pass's search names a third candidate: the lazy ones, and on Hopper GPUs
+    the Gluon search, which takes these rows whatever the tile config."""
+    from torchkm._kernels.assign import AssignPass
+
+    return search != "eager" or AssignPass(x, k, "exact", update=False, config=_search_config(search, x.shape[1])).hopper
+
+
+@pytest.mark.parametrize("search", ["eager", "lazy", "swap"])
+def test_lazy_exact_search_settles_a_third_candidate(search):
+    """Under the distance bound (fp32 rows of more than 32 features), row 0 has three centroids in
+    different slots closer together than the bound, every other one far away. The lazy searches
+    name the third candidate and compare all three directly: the row is settled in the pass. The
+    eager search names no third, so it re-searches the row (on Hopper GPUs these rows take the
+    Gluon search, which names one). With a fourth such centroid (here the
+    nearest) every search re-searches it, and the row still gets the float64 label."""
+    d, k = 40, 80
+    x, c = _data(1, d, k, seed=23)
+    c = c * 10
+    eye = torch.eye(d, device=DEVICE)
+    for near, rechecked in [({2: 0.008, 1: 0.009, 3: 0.010}, {"eager": 1, "lazy": 0, "swap": 0}),
+                            ({2: 0.008, 1: 0.009, 3: 0.010, 4: 0.007}, {"eager": 1, "lazy": 1, "swap": 1})]:
+        cc = c.clone()
+        for i, (index, step) in enumerate(near.items()):
+            cc[index] = x[0] + step * eye[i]
+        out = assign(x, cc, precision="exact", raw_norms=x.norm(dim=1), config=_search_config(search, d))
+        assert int(out.labels[0]) == min(near, key=near.get)
+        assert torch.equal(out.labels.cpu(), assign_reference(x.cpu(), cc.cpu())[0])
+        assert int(out.rechecked) == rechecked["lazy" if _names_a_third(x, k, search) else search]
 
 
 def test_split_re_search_gives_ties_to_the_lowest_index_across_chunks():

@@ -139,16 +139,17 @@ def test_kernel_matches_reference(dtype, d, k, check):
     one ``assign._tile`` relies on), within the fast products' rounding of the fp32 reference:
     the best score and its index; with ``check`` the second-best score, another centroid's index
     whose score is at least that, and a lower bound on every other score that is at least the
-    second best. The kernel keeps per slot (row, tile column) the best and second-lowest score, so
-    its runner-up index is the true one unless the runner-up shares the winner's slot (then the
-    bound equals the second best and the pass re-searches the row)."""
+    second best; a third index and a lower bound on the rest. The kernel keeps per slot (row, tile
+    column) the best and second-lowest score, so its runner-up index is the true one unless the
+    runner-up shares the winner's slot (then the bound equals the second best and the pass
+    re-searches the row); the same for the third."""
     from torchkm._kernels.centroids import prepare_centroids
 
     n = 10_007
     x = torch.randn(n, d, device="cuda").to(dtype)
     c = x[torch.randperm(n, device="cuda")[:k]].float() + 0.01 * torch.randn(k, d, device="cuda")
     prepared = prepare_centroids(c, None, dtype, fast=True, split=False, exact=False)
-    got = torch.full((5, n), float("nan"), device="cuda")
+    got = torch.full((7, n), float("nan"), device="cuda")
     hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=check)
     scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
     top, order = torch.sort(scores, dim=1, stable=True)
@@ -156,7 +157,7 @@ def test_kernel_matches_reference(dtype, d, k, check):
     # fp32 rows enter the products as tf32 (the reference keeps them); 16-bit operands are the
     # reference's own, so only the order of the fp32 sums differs.
     tol = (2.0 ** -10 if dtype == torch.float32 else 2.0 ** -18) * 4 * scale
-    for f in ([0, 2, 4] if check else [0]):
+    for f in ([0, 2, 4, 6] if check else [0]):
         assert not got[f].isnan().any(), f"record row {f} not written"
     record = got.double()
     labels = got.view(torch.int32).long()
@@ -175,6 +176,17 @@ def test_kernel_matches_reference(dtype, d, k, check):
         clear2 = clear & other_slot & ((top[:, 2] - top[:, 1]) > 2 * tol)
         assert (labels[3][clear2] == order[:, 1][clear2]).all()
         assert clear2.float().mean() > 0.3
+        # A third candidate: another index whose score is at least the third best's, and a lower
+        # bound on all scores but the three, at most the fourth best; the true third where it
+        # shares no slot with the best two and its gaps are clear.
+        assert ((labels[5] != labels[1]) & (labels[5] != labels[3]) & (labels[5] >= 0)).all()
+        assert (scores.gather(1, labels[5][:, None]).squeeze(1) >= top[:, 2] - tol).all()
+        assert (record[6] <= top[:, 3] + tol).all()
+        assert (record[6] >= top[:, 1] - tol).all()
+        slot = order[:, :3] % block_k
+        clear3 = clear2 & (slot[:, 2] != slot[:, 0]) & (slot[:, 2] != slot[:, 1]) & ((top[:, 3] - top[:, 2]) > 2 * tol)
+        assert (labels[5][clear3] == order[:, 2][clear3]).all()
+        assert clear3.float().mean() > 0.2
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
@@ -184,7 +196,7 @@ def test_kernel_skips_a_frozen_iteration():
     x = torch.randn(1000, 128, device="cuda")
     c = torch.randn(300, 128, device="cuda")
     prepared = prepare_centroids(c, None, x.dtype, fast=True, split=False, exact=False)
-    out = torch.full((5, 1000), float("nan"), device="cuda")
+    out = torch.full((hopper_search.record_rows(True), 1000), float("nan"), device="cuda")
     hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=True,
                          control=torch.ones(1, dtype=torch.int32, device="cuda"))
     assert out.isnan().all()
