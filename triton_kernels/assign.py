@@ -1176,6 +1176,9 @@ class AssignPass:
         if self.searched is None:
             self.searched = torch.empty(2 if self.overlap else 1, hopper_search.record_rows(self.check),
                                         self.chunk_rows, dtype=torch.float32, device=x.device)
+        offset = main["offset_ptr"] if main["HAS_OFFSET"] else None
+        # The packed search's centroid operand, once for all chunks.
+        operands = hopper_search.search_operands(prepared.bias, x.dtype) if hopper_search.packed(x, self.k) else None
         caller = torch.cuda.current_stream(x.device) if self.overlap else None
         for stream in self.search_streams:
             stream.wait_stream(caller)  # the prepared centroids, the control word
@@ -1189,11 +1192,11 @@ class AssignPass:
                     if chunk >= 2:
                         stream.wait_event(read[chunk - 2])
                     hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
-                                         check=self.check, control=control)
+                                         check=self.check, control=control, offset=offset, operands=operands)
                 caller.wait_stream(stream)
             else:
                 hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
-                                     check=self.check, control=control)
+                                     check=self.check, control=control, offset=offset, operands=operands)
             launcher(_assign_kernel)[(self.chunk_grid,)](
                 x, prepared.c_mma, searched_ptr=record, SEARCHED=True, part_base=chunk * self.chunk_grid,
                 tile_offset=start // block_n, searched_stride=self.chunk_rows, **main,
@@ -1201,7 +1204,7 @@ class AssignPass:
             if self.overlap:
                 read.append(caller.record_event())
 
-    def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool) -> dict[str, Any]:
+    def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool, packed: bool = False) -> dict[str, Any]:
         # Unscaled rows: each score's error besides the centroids' rounding, which the kernel bounds
         # by the distance (``score_bound_coefficients``); scaled (cosine) rows, or
         # TORCHKM_EXACT_BOUND=gap (experiments): the whole gap in raw-row units (``gap_bound_coefficient``).
@@ -1214,7 +1217,9 @@ class AssignPass:
                 or os.environ.get("TORCHKM_EXACT_BOUND", "distance") == "gap"):
             return {"bound_coef": gap_bound_coefficient(dtype, d, split=self.split), "bias_coef": 0.0,
                     "DISTANCE_BOUND": False}
-        bound, bias = score_bound_coefficients(dtype, d, split=self.split)
+        # The packed Hopper search sums 6 more terms into each score (its bias and the row's term,
+        # three parts each): its products count as d + 8.
+        bound, bias = score_bound_coefficients(dtype, d + 8 if packed else d, split=self.split)
         third = os.environ.get("TORCHKM_EXACT_THIRD", "1") != "0"
         return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": 2 if third else 1}
 
@@ -1321,7 +1326,8 @@ class AssignPass:
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1],
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
                 KEYS=1 if split_research else 0,
-                **self._bound_arguments(x.dtype, d, row_scale is not None),
+                **self._bound_arguments(x.dtype, d, row_scale is not None,
+                                        packed=searched and hopper_search.packed(x, self.k)),
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
                 PRECISION=("tf32" if x.dtype == torch.float32 else "ieee") if self.fast else self.precision,
