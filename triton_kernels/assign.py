@@ -1112,6 +1112,10 @@ class AssignPass:
             # 1M x 128 exact 5.09 / 5.97 (fp32), 3.63 / 4.82 (bf16); fast 3.98 / 4.12 (fp32),
             # 2.69 / 2.41 (bf16); 1M x 64 exact 3.30 / 6.35 (fp32), 2.91 / 5.17 (bf16); fast 2.49 /
             # 2.30 (fp32), 1.93 / 1.94 (bf16); 32,768 x 256, k = 8192, bf16 exact 0.500 / 0.537.
+            # With packed keys (hopper_search.packed; same tool, 2026-11-22): exact 4.39 / 6.50
+            # (fp32), 3.30 / 5.37 (bf16); fast fp32 3.60 / 4.14; 1M x 64 exact 3.00 / 6.27, 2.56 /
+            # 5.17; 32,768 x 256 bf16 exact 0.456 / 0.593. The bf16 fast search alone (2.13-2.19
+            # ms) plus the epilogue comes to about the tl.dot pass (2.42): not switched.
             # (Only for real tensors: under torch.compile's tracing the pass keeps the tl.dot search.)
             self.hopper = (hopper_search.mode() is not None and not self.split and type(x) is torch.Tensor
                            and not torch.compiler.is_compiling()
