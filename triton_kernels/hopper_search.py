@@ -157,7 +157,7 @@ if gluon is not None:
             # The product already holds the bias and the row's term, so scores are distances (>= 0
             # but for rounding): the tile's number goes into their lowest bits, and one float minimum
             # keeps the slot's best with its tile, ties to the lower tile. Two instructions a score
-            # instead of four (six with CHECK: four).
+            # instead of four; with CHECK, four instead of six.
             key = ((acc.to(gl.int32, bitcast=True) & -(1 << TILE_BITS)) | t).to(gl.float32, bitcast=True)
             if CHECK:
                 second_t = gl.minimum(second_t, gl.maximum(best_t, key))
@@ -339,17 +339,17 @@ if gluon is not None:
             mbarrier.invalidate(ready.index(s))
 
         if PACKED:
-            # Keys back to scores (bias - 2 x.c~, the record's unit) and tiles; the bounds lowered by
-            # what the keys' low bits and the row term's sum may have hidden (``key_slack``).
+            # Keys back to scores (bias - 2 x.c~, the record's unit) and tiles, lowered by what the
+            # keys' low bits and the row term's sum may have hidden (``_key_floor``).
             tile_t = best_t.to(gl.int32, bitcast=True) & ((1 << TILE_BITS) - 1)
-            best_t = _key_floor(best_t, row_term, TILE_BITS, layout)
+            best_t = _key_floor(best_t, row_term, TILE_BITS)
             if CHECK:
-                second_t = _key_floor(second_t, row_term, TILE_BITS, layout)
+                second_t = _key_floor(second_t, row_term, TILE_BITS)
         _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                       fourth_ptr, row0, n, BLOCK_N, BLOCK_K, CHECK, layout)
 
     @gluon.jit
-    def _key_floor(key_t, row_term, TILE_BITS: gl.constexpr, layout: gl.constexpr):
+    def _key_floor(key_t, row_term, TILE_BITS: gl.constexpr):
         # A lower bound on the score a key came from (inf stays inf): the key's value without its
         # tile bits, less 2^(TILE_BITS - 22) of it (those bits, and the subtraction's rounding) and
         # ROW_SLACK of the row term (its fp32 sum into the product), less the row term.
