@@ -1106,21 +1106,22 @@ class AssignPass:
             # Rows of 64-256 features over many centroids on Hopper: the search overlapping its running
             # minimum with the next product (hopper_search.py), then this config's epilogue alone.
             # Same rows per program, so the grid and its partial slots do not depend on which ran.
-            # The exact mode everywhere it applies; the fast mode only for fp32 rows of 65-128
-            # features: elsewhere the tl.dot search measured as fast or faster. H200, k = 4096,
+            # The exact mode everywhere it applies; the fast mode for fp32 rows of 65-128 features
+            # and packed bf16 rows: elsewhere the tl.dot search measured as fast or faster. H200, k = 4096,
             # fused pass (scripts/diag_hopper_search.py), ms, Hopper against tl.dot search:
             # 1M x 128 exact 5.09 / 5.97 (fp32), 3.63 / 4.82 (bf16); fast 3.98 / 4.12 (fp32),
             # 2.69 / 2.41 (bf16); 1M x 64 exact 3.30 / 6.35 (fp32), 2.91 / 5.17 (bf16); fast 2.49 /
             # 2.30 (fp32), 1.93 / 1.94 (bf16); 32,768 x 256, k = 8192, bf16 exact 0.500 / 0.537.
             # With packed keys (hopper_search.packed; same tool, 2026-11-22): exact 4.39 / 6.50
             # (fp32), 3.30 / 5.37 (bf16); fast fp32 3.60 / 4.14; 1M x 64 exact 3.00 / 6.27, 2.56 /
-            # 5.17; 32,768 x 256 bf16 exact 0.456 / 0.593. The bf16 fast search alone (2.13-2.19
-            # ms) plus the epilogue comes to about the tl.dot pass (2.42): not switched.
+            # 5.17; 32,768 x 256 bf16 exact 0.456 / 0.593. bf16 fast, packed: 1M x 128 2.41 / 2.44,
+            # 1M x 64 1.65 / 1.93, 32,768 x 256 0.253 / 0.332, 1M x 128 with k = 65,536 33.2 / 45.9.
             # (Only for real tensors: under torch.compile's tracing the pass keeps the tl.dot search.)
             self.hopper = (hopper_search.mode() is not None and not self.split and type(x) is torch.Tensor
                            and not torch.compiler.is_compiling()
-                           and (precision == "exact" or (precision == "fast" and x.dtype == torch.float32
-                                                         and 64 < d <= 128))
+                           and (precision == "exact"
+                                or (precision == "fast" and x.dtype == torch.float32 and 64 < d <= 128)
+                                or (precision == "fast" and x.dtype == torch.bfloat16 and hopper_search.packed(x, k)))
                            and hopper_search.supported(x, k, scaled=scaled, split=False, row_list=False))
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             if self.update == UPDATE_CARRY:
