@@ -486,10 +486,9 @@ def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.T
 
 
 def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
-                     control: torch.Tensor | None = None, offset: torch.Tensor | None = None,
-                     operands: torch.Tensor | None = None) -> None:
+                     control: torch.Tensor | None = None) -> None:
     """``search`` in torch (fp32 products, an (n, k) score matrix: small sizes only); the same record,
-    ties to the lowest index, with exact values (``offset`` and ``operands`` are not needed)."""
+    ties to the lowest index, with the scores' own values (as the unpacked search's)."""
     if control is not None and int(control.reshape(-1)[0]) != 0:
         return
     n = x.shape[0]
