@@ -1106,8 +1106,11 @@ class AssignPass:
             # Rows of 64-256 features over many centroids on Hopper: the search overlapping its running
             # minimum with the next product (hopper_search.py), then this config's epilogue alone.
             # Same rows per program, so the grid and its partial slots do not depend on which ran.
-            # The exact mode everywhere it applies; the fast mode for fp32 rows of 65-128 features
-            # and packed bf16 rows: elsewhere the tl.dot search measured as fast or faster. H200, k = 4096,
+            # The exact mode everywhere it applies; the fast mode for fp32 and packed bf16 rows (fp16:
+            # the tl.dot search measured as fast). With its configs by row width (kernels v14; H200,
+            # diag_hopper_search.py, fused pass, Hopper / tl.dot ms): 32,768 x 256, k = 8192, fp32
+            # exact 0.692 / 1.059, fast 0.530 / 0.677, bf16 fast 0.242 / 0.346; 1M x 64, k = 4096,
+            # fp32 exact 2.77 / 6.26, fast 1.98 / 2.30, bf16 fast 1.41 / 1.91. Earlier, H200, k = 4096,
             # fused pass (scripts/diag_hopper_search.py), ms, Hopper against tl.dot search:
             # 1M x 128 exact 5.09 / 5.97 (fp32), 3.63 / 4.82 (bf16); fast 3.98 / 4.12 (fp32),
             # 2.69 / 2.41 (bf16); 1M x 64 exact 3.30 / 6.35 (fp32), 2.91 / 5.17 (bf16); fast 2.49 /
@@ -1117,11 +1120,13 @@ class AssignPass:
             # 5.17; 32,768 x 256 bf16 exact 0.456 / 0.593. bf16 fast, packed: 1M x 128 2.41 / 2.44,
             # 1M x 64 1.65 / 1.93, 32,768 x 256 0.253 / 0.332, 1M x 128 with k = 65,536 33.2 / 45.9.
             # (Only for real tensors: under torch.compile's tracing the pass keeps the tl.dot search.)
+            # TORCHKM_HOPPER_FAST=1 / 0: the fast mode takes it wherever supported / nowhere (A/B).
+            fast_setting = os.environ.get("TORCHKM_HOPPER_FAST")
+            fast_hopper = (fast_setting == "1" if fast_setting in ("0", "1") else
+                           x.dtype == torch.float32 or hopper_search.packed(x, k))
             self.hopper = (hopper_search.mode() is not None and not self.split and type(x) is torch.Tensor
                            and not torch.compiler.is_compiling()
-                           and (precision == "exact"
-                                or (precision == "fast" and x.dtype == torch.float32 and 64 < d <= 128)
-                                or (precision == "fast" and x.dtype == torch.bfloat16 and hopper_search.packed(x, k)))
+                           and (precision == "exact" or (precision == "fast" and fast_hopper))
                            and hopper_search.supported(x, k, scaled=scaled, split=False, row_list=False))
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             if self.update == UPDATE_CARRY:

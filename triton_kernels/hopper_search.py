@@ -54,23 +54,60 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_operands", "search_operands_reference",
            "search_reference", "supported"]
 
-# Tile shapes, per operand size: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16
-# per warp), centroids its N; the row tile stays in shared memory beside the centroid stages;
-# ``group``: centroid tiles per loop iteration (see ``_search_rows``). Larger groups hide more of
-# the folds, but ptxas then spills (Triton 3.6, 255 registers: 1.5-3 KB a thread at 8, where 4
-# spills at most 76 bytes), as do 4 stages; with 64 rows a program (4 warps) the fp32 search
-# measured 4.13 against 3.75 ms (H200, 1M x 128, k = 4096, scripts/diag_hopper_search.py --configs).
-_CONFIG = {4: (128, 64, 3, 8, 4), 2: (128, 64, 3, 8, 4)}
+# Tile shapes: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16 per warp),
+# centroids its N; the row tile stays in shared memory beside the centroid stages; ``group``:
+# centroid tiles per loop iteration (see ``_search_rows``; larger groups hide more of the folds,
+# but ptxas spills at 8, and at 4 with CHECK on 64-row programs). Stages 0: as many as let two
+# programs share an SM (at most 4), else as many as fit (``_stages``). H200, search alone, ms
+# (scripts/diag_hopper_search.py --configs, 2026-11-22; default before -> now):
+# - fast: 128 rows (two warpgroups); groups of 2 where rows are short (<= 256 bytes), 4 where
+#   they are 512 bytes: 1M x 64 fp32 2.03 -> 1.85, bf16 1.49 -> 1.29; 1M x 128 bf16 2.17 ->
+#   1.98. At 512 bytes groups of 2 are slower (1M x 128 fp32 3.44 against 3.35, 32,768 x 256
+#   bf16 0.213 against 0.206).
+# - exact (CHECK: two more registers a slot): 64 rows, two programs an SM: 1M x 64 fp32 2.63 ->
+#   2.43, bf16 2.16 -> 1.86 (2 stages; 1.91 at 4); 32,768 x 256 bf16 0.253 -> 0.234; 1M x 128
+#   fp32 3.89 -> 3.86 and bf16 2.66 -> 2.62 (as good; 3 stages, one program an SM: 4.27).
+# - rows of more than 512 bytes (fp32, 129-256 features): a 128-row tile leaves room for one
+#   64-centroid stage only, so 64 rows and two stages, groups of 2 (32,768 x 256, k = 8192: fast
+#   0.497, exact 0.506; groups of 4 0.560 / 0.618 and spills with CHECK; 128 rows and
+#   32-centroid tiles 0.654 / 0.673).
+_FAST_CONFIG = {False: (128, 64, 3, 8, 2), True: (128, 64, 3, 8, 4)}  # by rows of 512 bytes
+_ONE_WARPGROUP_CONFIG = (64, 64, 0, 4, 2)
 _SHARED_BYTES = 226 * 1024  # of the 227 KiB an sm_90 block may use, some left for the barriers
+# Operand rows are padded to a multiple of this (any config's centroid tile divides it).
+_OPERAND_ROWS = 128
 
 
-def _config(size: int) -> tuple[int, int, int, int, int]:
+def _config(size: int, d_pad: int = 128, check: bool = False) -> tuple[int, int, int, int, int]:
+    """The tile shapes for rows of ``d_pad`` (padded) features of ``size`` bytes. The centroid tile
+    (``[1]``) must not depend on ``check``: ``tile_bits`` and the packed operands assume it."""
     # TORCHKM_HOPPER_CONFIG=BLOCK_N,BLOCK_K,STAGES,num_warps[,GROUP] (experiments)
     spec = os.environ.get("TORCHKM_HOPPER_CONFIG")
+    if check or size * d_pad > 512:
+        base = _ONE_WARPGROUP_CONFIG
+    else:
+        base = _FAST_CONFIG[size * d_pad >= 512]
     if spec:
         values = [int(v) for v in spec.split(",")]
-        return (*values[:4], values[4] if len(values) > 4 else _CONFIG[size][4])
-    return _CONFIG[size]
+        return (*values[:4], values[4] if len(values) > 4 else base[4])
+    return base
+
+
+def _padded(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _stages(size: int, d_pad: int, extra: int, config: tuple[int, int, int, int, int]) -> int:
+    """Centroid stages beside the row tile in shared memory: the config's, at most what fits; for 0,
+    as many as let two programs share an SM (at most 4), or where two do not fit, as fit one."""
+    block_n, block_k, stages = config[:3]
+    row_tile = block_n * (d_pad + extra) * size
+    stage = block_k * (d_pad + extra) * size
+    fit = (_SHARED_BYTES - row_tile) // stage
+    if stages == 0:
+        shared = (_SHARED_BYTES // 2 - row_tile) // stage
+        return min(4, shared if shared >= 2 else fit)
+    return min(stages, fit)
 
 
 def available() -> bool:
@@ -97,8 +134,8 @@ def mode() -> str | None:
 def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: bool) -> bool:
     """Whether ``search`` takes rows ``x`` and ``k`` centroids: 16- or 32-bit rows read as they are (no
     scale, no hi + lo centroids, no row list), contiguous and 16-byte aligned as TMA needs, the
-    padded row of 64 to 128 (fp32) or 256 (16-bit) features (one tile in shared memory), and more
-    than one centroid tile (one leaves nothing to overlap). The prepared centroids are contiguous
+    padded row of 64 to 256 features (one tile in shared memory), and more than one centroid tile
+    (one leaves nothing to overlap). The prepared centroids are contiguous
     (k, d) in x's dtype."""
     if scaled or split or row_list or x.dim() != 2:
         return False
@@ -106,12 +143,15 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
         return False
     n, d = x.shape
     size = x.element_size()
-    d_pad = max(16, triton.next_power_of_2(d))
-    if d_pad < 64 or d_pad * size > 512 or (d * size) % 16:
+    d_pad = _padded(d)
+    if d_pad < 64 or d_pad > 256 or (d * size) % 16:
         return False
     if x.stride(1) != 1 or (x.stride(0) * size) % 16 or x.data_ptr() % 16:
         return False
-    return n > 0 and k > _config(size)[1]
+    config = _config(size, d_pad)
+    if min(_stages(size, d_pad, 16, _config(size, d_pad, check)) for check in (False, True)) < 2:
+        return False  # an experiment's config that leaves no room for two stages
+    return n > 0 and k > config[1]
 
 
 def chunk_rows(n: int, step: int, device: torch.device) -> int:
@@ -125,7 +165,7 @@ def chunk_rows(n: int, step: int, device: torch.device) -> int:
         rows = int(spec)
     else:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-        rows = 8 * sms * max(config[0] for config in _CONFIG.values())
+        rows = 8 * sms * max(config[0] for config in _FAST_CONFIG.values())
     step = max(step, 1)
     rows = triton.cdiv(max(rows, 1), step) * step
     return min(rows, triton.cdiv(max(n, 1), step) * step)
@@ -418,9 +458,9 @@ def extra_k(dtype: torch.dtype) -> int:
     return 8 if dtype == torch.float32 else 16
 
 
-def tile_bits(k: int, size: int) -> int:
-    """Bits of a packed key that hold its centroid tile."""
-    return max(1, (triton.cdiv(k, _config(size)[1]) - 1).bit_length())
+def tile_bits(k: int, size: int, d: int = 128) -> int:
+    """Bits of a packed key that hold its centroid tile (rows of ``d`` features, ``size`` bytes each)."""
+    return max(1, (triton.cdiv(k, _config(size, _padded(d))[1]) - 1).bit_length())
 
 
 def packed(x: torch.Tensor, k: int) -> bool:
@@ -435,7 +475,7 @@ def packed(x: torch.Tensor, k: int) -> bool:
     sum (``assign.score_bound_coefficients(dtype, d + 8)``)."""
     if os.environ.get("TORCHKM_HOPPER_PACKED", "1") == "0" or x.dtype not in (torch.float32, torch.bfloat16):
         return False
-    return tile_bits(k, x.element_size()) <= _MAX_TILE_BITS
+    return tile_bits(k, x.element_size(), x.shape[-1]) <= _MAX_TILE_BITS
 
 
 @triton.jit
@@ -454,13 +494,12 @@ def _operands_kernel(bias_ptr, out_ptr, k, k_pad, EXTRA_K: tl.constexpr, TF32: t
 
 
 def search_operands(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The packed search's centroid-side extra operand, (k rounded up to a tile, ``extra_k``) in
+    """The packed search's centroid-side extra operand, (k rounded up to 128, ``extra_k``) in
     ``dtype``: per centroid its fp32 bias in three parts exact in the product's operand type
     (tf32 or bf16: ``hi + mid + lo == bias``), then three ones (against the row term's parts), then
-    zeros. Padding centroids get ``_PAD_BIAS``."""
+    zeros. Padding centroids (up to a multiple of every config's centroid tile) get ``_PAD_BIAS``."""
     k = bias.shape[0]
-    block_k = _config(torch.empty((), dtype=dtype).element_size())[1]
-    k_pad = triton.cdiv(k, block_k) * block_k
+    k_pad = triton.cdiv(k, _OPERAND_ROWS) * _OPERAND_ROWS
     out = torch.empty(k_pad, extra_k(dtype), dtype=dtype, device=bias.device)
     block = 64
     _operands_kernel[(triton.cdiv(k_pad, block),)](bias, out, k, k_pad, EXTRA_K=extra_k(dtype),
@@ -471,8 +510,7 @@ def search_operands(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``search_operands`` in torch."""
     k = bias.shape[0]
-    block_k = _config(torch.empty((), dtype=dtype).element_size())[1]
-    k_pad = -(-k // block_k) * block_k
+    k_pad = -(-k // _OPERAND_ROWS) * _OPERAND_ROWS
     full = torch.full((k_pad,), _PAD_BIAS, dtype=torch.float32, device=bias.device)
     full[:k] = bias
     keep = -8192 if dtype == torch.float32 else -65536
@@ -528,13 +566,13 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     n, d = x.shape
     k = c_mma.shape[0]
     size = x.element_size()
-    block_n, block_k, stages, warps, group = _config(size)
-    d_pad = max(16, triton.next_power_of_2(d))
+    d_pad = _padded(d)
+    config = _config(size, d_pad, check)
+    block_n, block_k, _, warps, group = config
     is_packed = packed(x, k)
     extra = extra_k(x.dtype) if is_packed else 0
-    # As many centroid stages as fit beside the row tile (at least two: one read, one filling).
-    stages = max(2, min(stages, (_SHARED_BYTES - block_n * (d_pad + extra) * size)
-                        // (block_k * (d_pad + extra) * size)))
+    # As many centroid stages as fit beside the row tile (``supported`` saw that two do).
+    stages = _stages(size, d_pad, extra, config)
     dtype = _gl_dtype(x.dtype)
     x_layout = gl.NVMMASharedLayout.get_default_for([block_n, d_pad], dtype)
     c_layout = gl.NVMMASharedLayout.get_default_for([block_k, d_pad], dtype)
@@ -555,6 +593,6 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         x_desc, c_desc, e_desc, bias, bias if offset is None else offset, out[0], labels[1], second, label2, third,
         label3, fourth, bias if control is None else control, n, k, d,
         BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size, GROUP=group,
-        HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size) if is_packed else 1,
+        HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size, d) if is_packed else 1,
         HAS_OFFSET=offset is not None, num_warps=warps,
     )

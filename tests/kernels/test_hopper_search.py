@@ -40,7 +40,11 @@ def test_supported_takes_only_rows_the_kernel_handles():
     assert not hopper_search.supported(torch.zeros(10, 101), 1000, scaled=False, split=False, row_list=False)
     assert hopper_search.supported(torch.zeros(10, 256, dtype=torch.bfloat16), 1000, scaled=False, split=False,
                                    row_list=False)
-    assert not hopper_search.supported(torch.zeros(10, 256), 1000, scaled=False, split=False, row_list=False)
+    assert hopper_search.supported(torch.zeros(10, 256), 1000, scaled=False, split=False, row_list=False)
+    assert hopper_search.supported(torch.zeros(10, 200), 1000, scaled=False, split=False, row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 512), 1000, scaled=False, split=False, row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 512, dtype=torch.bfloat16), 1000, scaled=False, split=False,
+                                       row_list=False)
     assert not hopper_search.supported(torch.zeros(10, 256)[:, ::2], 1000, scaled=False, split=False,
                                        row_list=False)  # strided features
     assert not hopper_search.supported(torch.zeros(10, 129)[:, 1:], 1000, scaled=False, split=False,
@@ -54,13 +58,13 @@ def test_supported_takes_only_rows_the_kernel_handles():
 def test_search_operands_split_the_bias_exactly(dtype, k):
     """The packed search's centroid operand: each bias as three parts exact in the product's operand
     type (tf32: 11 significant bits; bf16: 8) summing to it exactly, then three ones, zeros, and
-    padding centroids up to a whole tile with a bias that loses to any real one."""
+    padding centroids up to a multiple of 128 (whole tiles of any config) with a bias that loses
+    to any real one."""
     bias = torch.randn(k, device=DEVICE) * torch.logspace(-3, 6, k, device=DEVICE)
     bias[0] = 0.0
     bias[1] = -bias[1].abs()
     got = hopper_search.search_operands(bias, dtype)
-    block_k = hopper_search._config(torch.empty((), dtype=dtype).element_size())[1]
-    k_pad = -(-k // block_k) * block_k
+    k_pad = -(-k // 128) * 128
     assert got.shape == (k_pad, hopper_search.extra_k(dtype)) and got.dtype == dtype
     assert torch.equal(got, hopper_search.search_operands_reference(bias, dtype))
     parts = got.float()
@@ -75,6 +79,7 @@ def test_packed_takes_fp32_and_bf16_up_to_1024_tiles(monkeypatch):
     x32, x16 = torch.zeros(2, 128), torch.zeros(2, 128, dtype=torch.bfloat16)
     assert hopper_search.packed(x32, 4096) and hopper_search.packed(x16, 65_536)
     assert hopper_search.tile_bits(4096, 4) == 6 and hopper_search.tile_bits(129, 4) == 2
+    assert hopper_search.packed(torch.zeros(2, 256), 65_536) and hopper_search.tile_bits(8192, 4, 256) == 7
     assert not hopper_search.packed(x32, 65_537)
     assert not hopper_search.packed(torch.zeros(2, 128, dtype=torch.float16), 4096)
     monkeypatch.setenv("TORCHKM_HOPPER_PACKED", "0")
@@ -92,7 +97,7 @@ def test_mode_follows_the_switch(monkeypatch):
 
 @pytest.mark.parametrize("chunk", [None, 128])
 @pytest.mark.parametrize("k", [129, 1000])
-@pytest.mark.parametrize("d", [64, 100, 128])
+@pytest.mark.parametrize("d", [64, 100, 128, 256])
 def test_searched_pass_matches_float64(searched, monkeypatch, d, k, chunk):
     """The exact pass over the search record: weighted, centred rows with previous labels and sums
     (settling, deferral and re-search included), against float64; in one chunk, or in chunks of 128
@@ -137,8 +142,8 @@ def test_searched_pass_labels_and_distances(searched, precision, dtype):
     n, d, k = 301, 64, 300
     x, c = _data(n, d, k, seed=7, dtype=dtype)
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
-    # The fast mode keeps the tl.dot search but for fp32 rows of 65-128 features (measured faster).
-    assert not searched if precision == "fast" else searched
+    # The fast mode keeps the tl.dot search for fp16 rows (measured as fast).
+    assert bool(searched) == (precision == "exact" or dtype == torch.float32)
     _check_labels(x.float(), c, out.labels, precision, input_dtype=dtype)
     direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
@@ -163,6 +168,7 @@ def test_row_lists_and_scaled_rows_keep_the_tl_dot_search(searched):
 @pytest.mark.parametrize("check", [False, True])
 @pytest.mark.parametrize(("dtype", "d", "k"), [
     (torch.float32, 64, 129), (torch.float32, 100, 1000), (torch.float32, 128, 4099),
+    (torch.float32, 200, 1000), (torch.float32, 256, 4099),
     (torch.bfloat16, 64, 1000), (torch.bfloat16, 128, 300), (torch.bfloat16, 256, 4099),
     (torch.float16, 128, 1000),
 ])
@@ -194,7 +200,7 @@ def test_kernel_matches_reference(dtype, d, k, check):
     slack = torch.zeros(n, dtype=torch.float64, device="cuda")
     if hopper_search.packed(x, k):
         term = (1 + hopper_search.ROW_MARGIN_VALUE) * x.double().pow(2).sum(1)
-        bits = hopper_search.tile_bits(k, x.element_size())
+        bits = hopper_search.tile_bits(k, x.element_size(), d)
         slack = 2.0 ** (bits - 22) * (top[:, :4].abs().max(dim=1).values + term) + 2.0 ** -17 * term
     for f in ([0, 2, 4, 6] if check else [0]):
         assert not got[f].isnan().any(), f"record row {f} not written"
@@ -251,13 +257,15 @@ def test_kernel_skips_a_frozen_iteration():
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize(("n", "d", "k", "dtype"), [(100_003, 128, 4096, torch.float32),
                                                     (50_001, 128, 500, torch.bfloat16),
-                                                    (20_000, 256, 8192, torch.bfloat16)])
+                                                    (20_000, 256, 8192, torch.bfloat16),
+                                                    (20_000, 256, 8192, torch.float32),
+                                                    (30_001, 64, 1000, torch.float32),
+                                                    (30_001, 64, 1000, torch.float16)])
 def test_default_pass_takes_the_kernel(precision, n, d, k, dtype):
     x = torch.randn(n, d, device="cuda").to(dtype)
     c = x[:k].float()
     p = AssignPass(x, k, precision, update=True)
-    assert p.hopper == (precision == "exact" or (dtype == torch.float32 and 64 < d <= 128)
-                        or dtype == torch.bfloat16)
+    assert p.hopper == (precision == "exact" or dtype in (torch.float32, torch.bfloat16))
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
     sample = torch.arange(0, n, 97, device="cuda")
     _check_labels(x[sample].float(), c, out.labels[sample], precision, input_dtype=dtype)
