@@ -6,8 +6,13 @@ sampled rows and its per-cluster sums against torch's ``index_add_`` of those la
 is anything timed.
 
 Per iteration means one assignment of every row plus the centroid update (and for torchkm the
-statistics and its one host sync), measured differentially: (time of 3 + R iterations - time of 3
-iterations) / R, so set-up costs (flash-kmeans' ||x||^2 pass, torchkm's final assignment) cancel.
+statistics and its host sync per graph block), measured differentially: (time of 1 + B + R
+iterations - time of 1 + B iterations) / R, B the Lloyd loop's graph block (8) for torchkm and 1
+for the others, so set-up costs (flash-kmeans' ||x||^2 pass, torchkm's final assignment and graph
+capture) cancel. Where a fit converges inside the timed iterations (no label changed), the time
+is the longer run's whole time over the iterations it ran (an upper bound: set-up, capture and
+the host's work on empty clusters included), marked ``*`` in the table (``converged_at`` in the
+JSON); ``scripts/diag_hopper_search.py`` times the pass alone.
 All runs start from the same centroids (rows of x). Floors: 2 n k d FLOPs at the measured tf32 /
 bf16 GEMM rate, or reading x once at the measured copy bandwidth, whichever is larger.
 
@@ -21,6 +26,7 @@ import json
 import os
 import platform
 import time
+from typing import NamedTuple
 
 import torch
 import triton
@@ -62,9 +68,22 @@ def ceilings() -> dict[str, float]:
     return {"copy_TBps": copy_tbs, "fp32_TFLOPs": fp32, "tf32_TFLOPs": tf32, "bf16_TFLOPs": bf16}
 
 
-def per_iteration(run, iters: int) -> float:
+class Timing(NamedTuple):
+    ms: float  # per iteration
+    converged_at: int | None  # the fit stopped at this iteration, inside the timed run (see per_iteration)
+
+
+def per_iteration(run, iters: int, block: int = 1) -> Timing:
     """Differential time of one iteration: run(n) performs up to n iterations (synchronised inside)
-    and returns how many it ran (None: n), as a fit may converge before n."""
+    and returns how many it ran (None: n). The two timed runs take 1 + block and 1 + block (1 + m)
+    iterations, m * block >= iters: with ``block`` the Lloyd loop's graph block, both capture the
+    same graphs (the first iteration runs eagerly, then whole blocks), so capture cancels.
+
+    A fit that converges inside the longer run (no label changed) stops there: a difference would
+    then mix frozen iterations and the host's relocation of empty clusters into it, so the time is
+    the longer run's whole time over the iterations it ran (an upper bound), and ``converged_at``
+    says where.
+    """
     def timed(n):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -73,9 +92,13 @@ def per_iteration(run, iters: int) -> float:
         return time.perf_counter() - t0, n if done is None else done
     first, _ = timed(2)  # compile / autotune / warm caches
     repeats = 2 if first < 2.0 else 1
-    base, n_base = min(timed(3) for _ in range(repeats))
-    full, n_full = min(timed(3 + iters) for _ in range(repeats))
-    return (full - base) / (n_full - n_base) * 1e3 if n_full > n_base else float("nan")
+    n_base = 1 + block
+    n_full = n_base + block * -(-iters // block)
+    base, ran_base = min(timed(n_base) for _ in range(repeats))
+    full, ran_full = min(timed(n_full) for _ in range(repeats))
+    if ran_base < n_base or ran_full < n_full:
+        return Timing(full / ran_full * 1e3, ran_full)
+    return Timing((full - base) / (n_full - n_base) * 1e3, None)
 
 
 def torch_dense(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
@@ -299,14 +322,18 @@ def main() -> None:
             row.update(check(x, c0))
             # Small problems: many iterations, so that per-fit costs (graph capture) cancel out.
             iters = 100 if n * k * d < 1e10 else 10 if n * k * d < 1e12 else 3
-            row["ours_exact"] = per_iteration(lambda m: torchkm_lloyd(x, c0, m, "exact"), iters)
-            row["ours_fast"] = per_iteration(lambda m: torchkm_lloyd(x, c0, m, "fast"), iters)
+            timings = {"ours_exact": per_iteration(lambda m: torchkm_lloyd(x, c0, m, "exact"), iters, _loop._GRAPH_BLOCK),
+                       "ours_fast": per_iteration(lambda m: torchkm_lloyd(x, c0, m, "fast"), iters, _loop._GRAPH_BLOCK)}
             if not args.no_flash:
-                row["flash"] = per_iteration(lambda m: flash(x, c0, m), iters)
+                timings["flash"] = per_iteration(lambda m: flash(x, c0, m), iters)
             if not args.no_torch:
                 torch.backends.cuda.matmul.allow_tf32 = True
-                row["torch_dense"] = per_iteration(lambda m: torch_dense(x, c0, m), max(1, iters // 5))
+                timings["torch_dense"] = per_iteration(lambda m: torch_dense(x, c0, m), max(1, iters // 5))
                 torch.backends.cuda.matmul.allow_tf32 = False
+            for key, timing in timings.items():
+                row[key] = timing.ms
+                if timing.converged_at is not None:
+                    row[f"{key}_converged_at"] = timing.converged_at
             if args.profile:
                 for precision in ("exact", "fast"):
                     row[f"profile_{precision}"] = prof = profile(x, c0, precision, iters=min(iters, 3))
@@ -322,10 +349,15 @@ def main() -> None:
         torch.cuda.empty_cache()
     if not args.sweep:
         print(f"\n{'workload':<11} {'dtype':<8} | {'torch':>8} {'flash':>8} {'exact':>8} {'fast':>8} {'floor':>7} | {'exact/floor':>11} {'flash/exact':>11} {'exact/fast':>10} | {'rechk%':>6} {'off%':>6}")
+        def cell(r, key):
+            mark = "*" if f"{key}_converged_at" in r else " "
+            return f"{r.get(key, float('nan')):>7.3f}{mark}"
+
         for r in rows:
             f = r.get("flash", float("nan"))
-            print(f"{r['workload']:<11} {r['dtype']:<8} | {r.get('torch_dense', float('nan')):>8.3f} {f:>8.3f} {r['ours_exact']:>8.3f} {r['ours_fast']:>8.3f} {r['floor']:>7.3f} | "
+            print(f"{r['workload']:<11} {r['dtype']:<8} | {cell(r, 'torch_dense')} {cell(r, 'flash')} {cell(r, 'ours_exact')} {cell(r, 'ours_fast')} {r['floor']:>7.3f} | "
                   f"{r['ours_exact'] / r['floor']:>11.2f} {f / r['ours_exact']:>11.2f} {r['ours_exact'] / r['ours_fast']:>10.2f} | {r['rechecked_pct']:>6.2f} {r['labels_off_beyond_ties_pct']:>6.3f}")
+        print("* the fit converged inside the timed iterations: whole-run time over its iterations, an upper bound (see per_iteration)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"info": info, "ceilings": ceil, "rows": rows}, fh, indent=1)

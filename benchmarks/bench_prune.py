@@ -204,7 +204,7 @@ def main() -> None:
             if off:
                 print(f"MISMATCH {alg} {name} k={k} sigma2={s2}: {off} labels are not the nearest centroid's", flush=True)
         if not args.no_flash:
-            row["flash_ms_per_iter"] = per_iteration(lambda m, x=x, c0=c0: flash(x, c0, m), 20)
+            row["flash_ms_per_iter"] = per_iteration(lambda m, x=x, c0=c0: flash(x, c0, m), 20).ms
         rows.append(row)
         print(json.dumps(row), flush=True)
         del x
