@@ -211,6 +211,39 @@ def test_cuda_compiled_tensor_core_pass_with_deferred_rows(precision):
             torch.testing.assert_close(getattr(vq, name), getattr(twin, name), rtol=1e-5, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_cuda_compiled_layer_replays_as_a_cuda_graph(precision):
+    """``torch.compile(vq, mode="reduce-overhead")``: the training step runs as CUDA graphs, which
+    Inductor skips when a graph mutates an input that is not static (the exact pass's launches
+    once counted the rows as written, tests/kernels/test_mutations.py), and its steps agree with
+    the eager layer's."""
+    from torch._dynamo.utils import counters
+
+    from torchkm.nn import VectorQuantizer
+
+    torch._dynamo.reset()
+    counters.clear()
+    k, d, n = 512, 64, 4096
+    vq = VectorQuantizer(k, d, kmeans_init=False, precision=precision).cuda()
+    step = torch.compile(vq, fullgraph=True, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(n, d, device="cuda", requires_grad=True)
+        codebook, sizes = vq.codebook.clone(), vq.cluster_size.clone()
+        out = step(x)
+        (out.quantized.square().mean() + out.loss).backward()
+        torch.cuda.synchronize()
+        rows, codes, labels = x.detach().cpu().numpy(), codebook.cpu().numpy(), out.indices.cpu().numpy()
+        want = f64_sq_distances(rows, codes).argmin(1)
+        if precision == "exact":
+            assert_labels_match_except_near_ties(rows, codes, labels, want)
+        else:
+            assert (labels == want).mean() > 0.99
+        counts = torch.bincount(out.indices, minlength=k).float()
+        torch.testing.assert_close(vq.cluster_size, sizes.lerp(counts, 1 - vq.decay), rtol=1e-5, atol=1e-5)
+        assert torch.isfinite(x.grad).all()
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_cuda_input_dtypes(x_cpu, dtype):
     x = x_cpu.cuda().to(dtype)

@@ -83,18 +83,38 @@ def persistent_grid(n_tiles: int, programs: int) -> int:
 
 
 @triton.jit
-def load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-              HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """A (rows x dims) tile of the rows as the caller sees them, ``(x - offset) * scale``, in fp32.
+def transform_rows(x, row_mask, shift, scale, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """A loaded (rows x dims) tile of the raw rows as the caller sees them, ``(x - offset) * scale``,
+    in fp32: ``x`` loaded with 0 past the mask, ``shift`` the offset's dims (0 past them).
 
     Padding (masked rows or features) is exactly 0.
+
+    Kernels load rows themselves (``tl.load`` in the kernel, or in the helper that stores) and pass
+    only loaded values to helpers such as this one: torch.compile decides which arguments a launch
+    writes from the kernel's Triton IR, and counts a helper's pointer arguments as written wherever
+    a value the helper returns reaches a store's address (a label in a sums atomic, the slot of a
+    deferred row). A helper that loaded the rows made the exact pass "write" ``x``, so Inductor
+    cloned the rows before every launch and a compiled VQ layer could not run as a CUDA graph
+    (2026-11-22; ``tests/kernels/test_mutations.py`` holds every launch to it). The offsets are
+    written out at each load, not computed by a helper: with one, Triton 3.6 failed to compile the
+    lazy exact search over row lists ("operand #0 does not dominate this use").
     """
-    mask = row_mask[:, None] & dim_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x = x.to(tl.float32)
     if HAS_OFFSET:
-        x = tl.where(mask, x - tl.load(offset_ptr + dims, mask=dim_mask, other=0.0)[None, :], 0.0)
+        x = tl.where(row_mask[:, None], x - shift[None, :], 0.0)
     if HAS_SCALE:
         x = x * scale[:, None]
+    return x
+
+
+@triton.jit
+def transform_feature(x, mask, shift, scale, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """``transform_rows`` for one feature of the rows (vectors over the rows)."""
+    x = x.to(tl.float32)
+    if HAS_OFFSET:
+        x = tl.where(mask, x - shift, 0.0)
+    if HAS_SCALE:
+        x = x * scale
     return x
 
 

@@ -73,11 +73,12 @@ from ._common import (
     carry_width,
     flush_carry,
     launcher,
-    load_rows,
     move_rows,
     onehot_max_k,
     onehot_width,
     persistent_grid,
+    transform_feature,
+    transform_rows,
     unused,
 )
 from .centroids import _round_tf32, prepare_centroids
@@ -159,8 +160,9 @@ def _tile(
             x_once = tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
                              mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
         else:
-            x_once = load_rows(x_ptr, rows, row_mask, dims0, dims0 < d, stride_xn, stride_xd, offset_ptr, scale,
-                                HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+            x_once = transform_rows(
+                tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd, mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0),
+                row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
         if SWAP:
             x_once_t = tl.trans(x_once)
     tl.static_assert(not SEARCHED or (EAGER and not SWAP and not HAS_ROW_INDEX),
@@ -214,8 +216,9 @@ def _tile(
                         x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
                                          mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
                     else:
-                        x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                            HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+                        x_tile = transform_rows(
+                            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                            row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
                     c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
                     c_mask = col_mask[:, None] & dim_mask[None, :]
                     acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
@@ -355,8 +358,9 @@ def _tile(
         for d0 in range(0, d, EPI_D):
             dims = d0 + epi_dims
             dim_mask = dims < d
-            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                            HAS_OFFSET, HAS_SCALE)
+            xr = transform_rows(
+                tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
             cr = tl.load(c32_ptr + label.to(tl.int64)[:, None] * d + dims[None, :],
                          mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
             cr2 = tl.load(c32_ptr + label2_64[:, None] * d + dims[None, :],
@@ -387,8 +391,9 @@ def _tile(
                     for d0 in range(0, d, EPI_D):
                         dims = d0 + epi_dims
                         dim_mask = dims < d
-                        xr = load_rows(x_ptr, rows, resolve3, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                       HAS_OFFSET, HAS_SCALE)
+                        xr = transform_rows(
+                            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=resolve3[:, None] & dim_mask[None, :], other=0.0),
+                            resolve3, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
                         cr3 = tl.load(c32_ptr + label3_64[:, None] * d + dims[None, :],
                                       mask=resolve3[:, None] & dim_mask[None, :], other=0.0)
                         diff3 = xr - cr3
@@ -429,8 +434,9 @@ def _tile(
             for d0 in range(0, d, EPI_D):
                 dims = d0 + epi_dims
                 dim_mask = dims < d
-                xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                HAS_OFFSET, HAS_SCALE)
+                xr = transform_rows(
+                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                    row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
                 accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
                                 dim_mask, d0 == 0, k, d, KP, UPDATE)
         elif UPDATE == 4:
@@ -440,8 +446,9 @@ def _tile(
                 for d0 in range(0, d, EPI_D):
                     dims = d0 + epi_dims
                     dim_mask = dims < d
-                    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                    HAS_OFFSET, HAS_SCALE)
+                    xr = transform_rows(
+                        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
                     move_rows(sums_ptr, counts_ptr, label64, prev64, w, moved, xr, dims, dim_mask, d0 == 0, d)
     else:
         w = tl.where(done, w, 0.0)
@@ -452,8 +459,9 @@ def _tile(
         for d0 in range(0, d, EPI_D):
             dims = d0 + epi_dims
             dim_mask = dims < d
-            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                            HAS_OFFSET, HAS_SCALE)
+            xr = transform_rows(
+                tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
             cr = tl.load(c32_ptr + label64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
                          other=0.0)
             diff = xr - cr
@@ -514,7 +522,9 @@ def _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_
                 KP: tl.constexpr, DP: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
     # The whole row at once (DP <= 64, see ``carries``), again from cache.
     dims = tl.arange(0, DP)
-    xr = load_rows(x_ptr, rows, row_mask, dims, dims < d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+    xr = transform_rows(
+        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & (dims < d)[None, :], other=0.0),
+        row_mask, tl.load(offset_ptr + dims, mask=(dims < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
     return carry_rows(acc_sums, acc_counts, label64, w, xr, KP)
 
 
@@ -572,8 +582,9 @@ def _research_kernel(
                 for d0 in range(0, d, BLOCK_D):
                     dims = d0 + dims0
                     dim_mask = dims < d
-                    x_tile = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                       HAS_OFFSET, HAS_SCALE)
+                    x_tile = transform_rows(
+                        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
                     c_tile = tl.load(c_exact_ptr + cols[:, None].to(tl.int64) * d + dims[None, :],
                                      mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
                     acc = tl.dot(x_tile, tl.trans(c_tile), acc, input_precision="tf32x3")
@@ -751,16 +762,25 @@ def _assign_small_d_kernel(
             best = tl.full((BLOCK_N,), float("inf"), tl.float32)
             label = tl.zeros((BLOCK_N,), tl.int32)
             if COLUMNS:
-                x0 = _row_feature(x_ptr, rows, row_mask, 0, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
-                                  HAS_SCALE)
+                x0 = transform_feature(
+                    tl.load(x_ptr + rows * stride_xn, mask=row_mask, other=0.0),
+                    row_mask, tl.load(offset_ptr + rows * 0, mask=row_mask & HAS_OFFSET, other=0.0), scale,
+                    HAS_OFFSET, HAS_SCALE)
                 if DP > 1:
-                    x1 = _row_feature(x_ptr, rows, row_mask, 1, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
-                                      HAS_SCALE)
+                    x1 = transform_feature(
+                        tl.load(x_ptr + rows * stride_xn + 1 * stride_xd, mask=row_mask, other=0.0),
+                        row_mask, tl.load(offset_ptr + 1 + rows * 0, mask=row_mask & HAS_OFFSET, other=0.0), scale,
+                        HAS_OFFSET, HAS_SCALE)
                 if DP > 2:
-                    x2 = _row_feature(x_ptr, rows, row_mask, 2, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
-                                      HAS_SCALE)
-                    x3 = _row_feature(x_ptr, rows, row_mask, 3, d, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET,
-                                      HAS_SCALE)
+                    x2 = transform_feature(
+                        tl.load(x_ptr + rows * stride_xn + 2 * stride_xd, mask=row_mask, other=0.0),
+                        row_mask, tl.load(offset_ptr + 2 + rows * 0, mask=row_mask & HAS_OFFSET, other=0.0), scale,
+                        HAS_OFFSET, HAS_SCALE)
+                    has3 = row_mask & (rows * 0 + 3 < d)
+                    x3 = transform_feature(
+                        tl.load(x_ptr + rows * stride_xn + 3 * stride_xd, mask=has3, other=0.0),
+                        has3, tl.load(offset_ptr + 3 + rows * 0, mask=has3 & HAS_OFFSET, other=0.0), scale,
+                        HAS_OFFSET, HAS_SCALE)
                 chunk = tl.arange(0, KC)
                 for j0 in range(0, k, KC):
                     chunk_cols = j0 + chunk
@@ -797,11 +817,13 @@ def _assign_small_d_kernel(
                     best = tl.where(better, low, best)
                     label = tl.where(better, j0 + at, label)
                 if (UPDATE == 1 and not REG_ACC) or UPDATE == 2:  # these sums read the row tile
-                    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                                   HAS_OFFSET, HAS_SCALE)
+                    xr = transform_rows(
+                        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
             else:
-                xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale,
-                               HAS_OFFSET, HAS_SCALE)
+                xr = transform_rows(
+                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                    row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
                 for j in range(k):
                     cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
                     diff = xr - cj[None, :]
@@ -833,8 +855,9 @@ def _assign_small_d_kernel(
                     acc_3 += onehot * x3[None, :]
             if UPDATE == 1 and not REG_ACC:
                 onehot = (label[:, None] == k_cols[None, :]).to(tl.float32)
-                v = load_rows(x_ptr, rows, row_mask, feature, feature < d, stride_xn, stride_xd, offset_ptr, scale,
-                              HAS_OFFSET, HAS_SCALE)
+                v = transform_rows(
+                    tl.load(x_ptr + rows[:, None] * stride_xn + feature[None, :] * stride_xd, mask=row_mask[:, None] & (feature < d)[None, :], other=0.0),
+                    row_mask, tl.load(offset_ptr + feature, mask=(feature < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
                 v = tl.where(feature[None, :] == d, w[:, None], v * w[:, None])
                 hi = _round_tf32(v)
                 mid = _round_tf32(v - hi)
@@ -861,19 +884,6 @@ def _assign_small_d_kernel(
             live = (k_cols < k)[:, None] & (part < 3)[None, :]
             tl.atomic_add(sums_ptr + k_cols[:, None] * d + feature[None, :], acc, mask=live & (feature < d)[None, :], sem="relaxed")
             tl.atomic_add(counts_ptr + k_cols[:, None] + feature[None, :] * 0, acc, mask=live & (feature == d)[None, :], sem="relaxed")
-
-
-@triton.jit
-def _row_feature(x_ptr, rows, row_mask, feature: tl.constexpr, d, stride_xn, stride_xd, offset_ptr, scale,
-                 HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """One feature of the rows as the caller sees them, ``(x - offset) * scale``, in fp32 (0 past d)."""
-    mask = row_mask & (rows * 0 + feature < d)
-    value = tl.load(x_ptr + rows * stride_xn + feature * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    if HAS_OFFSET:
-        value = tl.where(mask, value - tl.load(offset_ptr + feature + tl.zeros_like(rows), mask=mask, other=0.0), 0.0)
-    if HAS_SCALE:
-        value = value * scale
-    return value
 
 
 class AssignOutput(NamedTuple):
@@ -1039,6 +1049,7 @@ class AssignPass:
             precision = "tf32x3"
         self.k, self.precision = k, precision
         self.small_d = d <= SMALL_D
+        self.traced = hopper_search.traced(x)
         self.check = precision == "exact" and not self.small_d
         self.fast = precision in ("exact", "fast")
         # bf16 rows are exact operands, so one product's error is the centroids' rounding, which the
@@ -1124,8 +1135,10 @@ class AssignPass:
             fast_setting = os.environ.get("TORCHKM_HOPPER_FAST")
             fast_hopper = (fast_setting == "1" if fast_setting in ("0", "1") else
                            x.dtype == torch.float32 or hopper_search.packed(x, k))
-            self.hopper = (hopper_search.mode() is not None and not self.split and type(x) is torch.Tensor
-                           and not torch.compiler.is_compiling()
+            # A traced pass (torch.compile) keeps the tl.dot search unless ``TORCHKM_HOPPER_TRACED=1``,
+            # which takes it through its op (``hopper_search.in_traced_passes``).
+            self.hopper = (hopper_search.mode() is not None and not self.split
+                           and (not self.traced or hopper_search.in_traced_passes())
                            and (precision == "exact" or (precision == "fast" and fast_hopper))
                            and hopper_search.supported(x, k, scaled=scaled, split=False, row_list=False))
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
@@ -1145,7 +1158,7 @@ class AssignPass:
                 # two records, so that chunk i + 1's search fills the SMs that chunk i's search
                 # and epilogue leave idle. ``TORCHKM_HOPPER_OVERLAP=0``: one stream, one record
                 # (experiments).
-                self.overlap = (self.n_chunks > 1 and device.type == "cuda"
+                self.overlap = (self.n_chunks > 1 and device.type == "cuda" and not self.traced
                                 and os.environ.get("TORCHKM_HOPPER_OVERLAP", "1") != "0")
                 # Allocated by the first call that searches (passes over row lists never do).
                 self.searched = None
@@ -1187,8 +1200,9 @@ class AssignPass:
             self.searched = torch.empty(2 if self.overlap else 1, hopper_search.record_rows(self.check),
                                         self.chunk_rows, dtype=torch.float32, device=x.device)
         offset = main["offset_ptr"] if main["HAS_OFFSET"] else None
-        # The packed search's centroid operand, once for all chunks.
-        operands = hopper_search.search_operands(prepared.bias, x.dtype) if hopper_search.packed(x, self.k) else None
+        # The packed search's centroid operand, once for all chunks (a traced search makes its own).
+        packed = hopper_search.packed(x, self.k) and not self.traced
+        operands = hopper_search.search_operands(prepared.bias, x.dtype) if packed else None
         caller = torch.cuda.current_stream(x.device) if self.overlap else None
         for stream in self.search_streams:
             stream.wait_stream(caller)  # the prepared centroids, the control word
@@ -1204,6 +1218,10 @@ class AssignPass:
                     hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
                                          check=self.check, control=control, offset=offset, operands=operands)
                 caller.wait_stream(stream)
+            elif self.traced:
+                hopper_search.search_in_graph(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias,
+                                              self.searched, chunk % len(self.searched), check=self.check,
+                                              control=control, offset=offset)
             else:
                 hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
                                      check=self.check, control=control, offset=offset, operands=operands)
@@ -1321,8 +1339,8 @@ class AssignPass:
         epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
         if self.main_grid:
             cfg = self.cfg
-            searched = (self.hopper and rows is None and row_scale is None and type(x) is torch.Tensor
-                        and not torch.compiler.is_compiling()
+            searched = (self.hopper and rows is None and row_scale is None
+                        and hopper_search.traced(x) == self.traced
                         and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
             if searched:
                 # The epilogue only (no search): the eager search's variables take the record.

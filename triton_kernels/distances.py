@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import launcher, load_rows
+from ._common import launcher, transform_rows
 
 __all__ = ["sq_distances", "sq_distances_reference"]
 
@@ -30,7 +30,9 @@ def _sq_distances_kernel(
         for d0 in range(0, d, BLOCK_D):
             dims = d0 + tl.arange(0, BLOCK_D)
             dim_mask = dims < d
-            xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+            xr = transform_rows(
+                tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
             p = tl.load(p_ptr + j * d + dims, mask=dim_mask, other=0.0)
             diff = tl.where(dim_mask[None, :], xr - p[None, :], 0.0)
             acc += tl.sum(diff * diff, axis=1)

@@ -51,8 +51,8 @@ try:  # Gluon is experimental: its absence, or another API, leaves the tl.dot se
 except ImportError:  # pragma: no cover - depends on the installed Triton
     gluon = None
 
-__all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_operands", "search_operands_reference",
-           "search_reference", "supported"]
+__all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_in_graph", "search_operands",
+           "search_operands_reference", "search_reference", "supported", "traced", "in_traced_passes"]
 
 # Tile shapes: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16 per warp),
 # centroids its N; the row tile stays in shared memory beside the centroid stages; ``group``:
@@ -146,12 +146,38 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
     d_pad = _padded(d)
     if d_pad < 64 or d_pad > 256 or (d * size) % 16:
         return False
-    if x.stride(1) != 1 or (x.stride(0) * size) % 16 or x.data_ptr() % 16:
+    if x.stride(1) != 1 or (x.stride(0) * size) % 16 or not _aligned(x):
         return False
     config = _config(size, d_pad)
     if min(_stages(size, d_pad, 16, _config(size, d_pad, check)) for check in (False, True)) < 2:
         return False  # an experiment's config that leaves no room for two stages
     return n > 0 and k > config[1]
+
+
+def traced(x: torch.Tensor) -> bool:
+    """Whether ``x`` is being traced (``torch.compile``, ``make_fx``: a fake or functional tensor)
+    rather than computed on: a traced pass calls the search through ``search_in_graph``."""
+    return type(x) not in (torch.Tensor, torch.nn.Parameter) or torch.compiler.is_compiling()
+
+
+def in_traced_passes() -> bool:
+    """Whether traced passes (torch.compile) take the search, through ``search_in_graph``:
+    ``TORCHKM_HOPPER_TRACED=1`` (experiments; off by default). H200, VQ layer step at 32,768 x 256,
+    8192 codes (scripts/diag_vq_graphs.py, 2026-11-22, two runs each): without CUDA graphs the op costs
+    the host more than it saves the GPU (fp32 fast 1.45 ms against 1.03-1.15 with the tl.dot
+    search); as CUDA graphs (mode="reduce-overhead") the step is still bound by the host and the runs
+    disagree (fp32 exact 1.23 against 1.49 in both, fast 0.79-1.00 against 0.93-0.97, bf16 exact
+    1.01-1.31 against 0.97-1.17). Inductor's caches do not key on this switch: give a run that flips
+    it its own ``TORCHINDUCTOR_CACHE_DIR``."""
+    return os.environ.get("TORCHKM_HOPPER_TRACED", "0") == "1"
+
+
+def _aligned(x: torch.Tensor) -> bool:
+    # A traced tensor has no address: its storage offset is what the graph fixes (allocations are
+    # aligned), and the op's implementation copies a row block that arrives misaligned anyway.
+    if traced(x):
+        return (x.storage_offset() * x.element_size()) % 16 == 0
+    return x.data_ptr() % 16 == 0
 
 
 def chunk_rows(n: int, step: int, device: torch.device) -> int:
@@ -596,3 +622,33 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size, d) if is_packed else 1,
         HAS_OFFSET=offset is not None, num_warps=warps,
     )
+
+
+def _search_op_impl(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, records: torch.Tensor, slot: int,
+                    check: bool, control: torch.Tensor | None, offset: torch.Tensor | None) -> None:
+    # TMA reads 16-byte aligned rows; a compiled graph may hand over a view it did not align.
+    x, c_mma = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, c_mma))
+    search(x, c_mma, bias, records[slot], check=check, control=control, offset=offset)
+
+
+# ``torchkm::hopper_search``: the search as an op that torch.compile keeps opaque (Gluon kernels
+# cannot be traced as ``wrap_triton`` kernels are), writing ``records[slot]``. The schema is
+# spelled out so that it does not depend on how a torch version reads annotations.
+_search_op = None
+if hasattr(torch.library, "custom_op"):
+    _search_op = torch.library.custom_op(
+        "torchkm::hopper_search", _search_op_impl, mutates_args=("records",),
+        schema="(Tensor x, Tensor c_mma, Tensor bias, Tensor(a!) records, int slot, bool check, Tensor? control, "
+               "Tensor? offset) -> ()",
+    )
+    _search_op.register_fake(lambda *args: None)
+
+
+def search_in_graph(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, records: torch.Tensor, slot: int, *,
+                    check: bool, control: torch.Tensor | None = None, offset: torch.Tensor | None = None) -> None:
+    """``search`` into ``records[slot]`` (``records``: float32 (slots, ``record_rows``, m >= n), its own
+    tensor, not a view) through ``torch.ops.torchkm.hopper_search``, for passes being traced: the
+    op is opaque to ``torch.compile`` and replays in CUDA graphs. ``search_operands`` runs inside it."""
+    if _search_op is None:
+        raise RuntimeError("the Hopper search needs torch.library.custom_op (torch >= 2.4) to be traced")
+    torch.ops.torchkm.hopper_search(x, c_mma, bias, records, slot, check, control, offset)

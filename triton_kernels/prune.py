@@ -45,8 +45,8 @@ from ._common import (
     UPDATE_NONE,
     accumulate_rows,
     launcher,
-    load_rows,
     onehot_width,
+    transform_rows,
 )
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update, shift_top_reference
@@ -144,7 +144,9 @@ def _scan_kernel(
         scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
     else:
         scale = tl.full((BLOCK_N,), 1.0, tl.float32)
-    xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+    xr = transform_rows(
+        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
     if HAS_PREV:
         old = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int32)
     else:
@@ -402,16 +404,18 @@ def _settle_tile(
     dims0 = tl.arange(0, BLOCK_D)
     sq = tl.zeros((BLOCK_N,), tl.float32)
     if ONE_CHUNK:
-        xr = load_rows(x_ptr, rows, row_mask, dims0, dims0 < d, stride_xn, stride_xd, offset_ptr, scale,
-                       HAS_OFFSET, HAS_SCALE)
+        xr = transform_rows(
+            tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd, mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0),
+            row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
         cr = tl.load(c_ptr + label[:, None] * d + dims0[None, :], mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
         diff = xr - cr
         sq = tl.sum(diff * diff, axis=1)
     else:
         for d0 in range(0, d, BLOCK_D):
             dims = d0 + dims0
-            xr = load_rows(x_ptr, rows, row_mask, dims, dims < d, stride_xn, stride_xd, offset_ptr, scale,
-                           HAS_OFFSET, HAS_SCALE)
+            xr = transform_rows(
+                tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & (dims < d)[None, :], other=0.0),
+                row_mask, tl.load(offset_ptr + dims, mask=(dims < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
             cr = tl.load(c_ptr + label[:, None] * d + dims[None, :], mask=row_mask[:, None] & (dims < d)[None, :], other=0.0)
             diff = xr - cr
             sq += tl.sum(diff * diff, axis=1)

@@ -22,9 +22,9 @@ from ._common import (
     UPDATE_ONEHOT,
     accumulate_rows,
     launcher,
-    load_rows,
     onehot_max_k,
     onehot_width,
+    transform_rows,
 )
 from .configs import update_config
 
@@ -46,7 +46,9 @@ def _scatter_kernel(
     for d0 in range(0, d, BLOCK_D):
         dims = d0 + tl.arange(0, BLOCK_D)
         dim_mask = dims < d
-        xr = load_rows(x_ptr, rows, row_mask, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+        xr = transform_rows(
+            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+            row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
         accumulate_rows(sums_ptr, counts_ptr, labels, w, row_mask, xr, dims, dim_mask, d0 == 0, k, d, KP, MODE)
 
 
@@ -70,7 +72,9 @@ def _segment_sum_kernel(
         rows = tl.load(order_ptr + slots, mask=live, other=0).to(tl.int64)
         w = tl.load(weight_ptr + rows, mask=live, other=0.0) if HAS_WEIGHT else live.to(tl.float32)
         scale = tl.load(scale_ptr + rows, mask=live, other=1.0) if HAS_SCALE else w
-        xr = load_rows(x_ptr, rows, live, dims, dim_mask, stride_xn, stride_xd, offset_ptr, scale, HAS_OFFSET, HAS_SCALE)
+        xr = transform_rows(
+            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=live[:, None] & dim_mask[None, :], other=0.0),
+            live, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
         acc += xr * w[:, None]
         w_acc += w
     tl.store(sums_ptr + cluster * d + dims, tl.sum(acc, axis=0), mask=dim_mask)

@@ -95,6 +95,38 @@ def test_mode_follows_the_switch(monkeypatch):
     assert hopper_search.mode() == ("kernel" if hopper_search.available() else None)
 
 
+def test_supported_reads_no_address_from_a_traced_tensor():
+    """Under torch.compile the rows are fake tensors, which have no address: their storage offset
+    decides the alignment (the op copies a block that still arrives misaligned)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(10, 132)  # rows of 528 bytes
+        assert hopper_search.traced(x)
+        assert hopper_search.supported(torch.empty(10, 128), 1000, scaled=False, split=False, row_list=False)
+        assert hopper_search.supported(x[2:, :128], 1000, scaled=False, split=False, row_list=False)
+        assert not hopper_search.supported(x[:, 1:129], 1000, scaled=False, split=False, row_list=False)
+    assert not hopper_search.traced(torch.zeros(3))
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_search_op_writes_its_slot(searched, check):
+    """``torchkm::hopper_search`` (the search as torch.compile sees it) writes ``records[slot]`` as
+    ``search`` writes its record, leaves the other slot alone, and passes torch.library's checks
+    of its schema and fake implementation."""
+    n, d, k = 150, 64, 200
+    x, c = _data(n, d, k, seed=3)
+    bias = (c * c).sum(1)
+    c_mma = -2 * c
+    want = torch.full((hopper_search.record_rows(check), n), float("nan"), device=DEVICE)
+    hopper_search.search_reference(x, c_mma, bias, want, check=check)
+    records = torch.full((2, hopper_search.record_rows(check), n + 10), float("nan"), device=DEVICE)
+    hopper_search.search_in_graph(x, c_mma, bias, records, 1, check=check)
+    assert torch.equal(records[1, :, :n].view(torch.int32), want.view(torch.int32))
+    assert records[0].isnan().all() and records[1, :, n:].isnan().all()
+    torch.library.opcheck(torch.ops.torchkm.hopper_search.default, (x, c_mma, bias, records, 0, check, None, None))
+
+
 @pytest.mark.parametrize("chunk", [None, 128])
 @pytest.mark.parametrize("k", [129, 1000])
 @pytest.mark.parametrize("d", [64, 100, 128, 256])
@@ -338,3 +370,50 @@ def test_kernel_pass_with_an_offset(dtype):
     sample = torch.arange(0, n, 31, device="cuda")
     _check_labels(rows[sample], c, out.labels[sample], precision, input_dtype=dtype)
     assert int(out.rechecked) < 0.02 * n
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_pass_takes_the_kernel(precision, dtype, monkeypatch, tmp_path):
+    """torch.compile(fullgraph=True) of ``torchkm.assign`` and of the fused assign-and-sum op with
+    ``TORCHKM_HOPPER_TRACED=1``: the generated code calls ``torchkm::hopper_search`` (by default it
+    keeps the tl.dot search), and labels, distances, sums and counts are the eager pass's (which
+    takes the same search), on fresh rows and poisoned memory. Each compile gets its own Inductor
+    cache (the caches do not key on the switch)."""
+    from torch._inductor.utils import run_and_get_code
+
+    import torchkm
+    from torchkm import _ops
+
+    torch._dynamo.reset()
+    n, d, k = 20_011, 128, 1000
+    x = torch.randn(n, d, device="cuda").to(dtype)
+    c = x[torch.randperm(n, device="cuda")[:k]].float() + 0.05 * torch.randn(k, d, device="cuda")
+    poison = [torch.full((64 << 20,), 0x7F, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    del poison
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "default"))
+    plain = torch.compile(lambda a, b: torchkm.assign(a, b, precision=precision), fullgraph=True)
+    _, code = run_and_get_code(plain, x, c)
+    assert "torchkm.hopper_search" not in "\n".join(code)
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "traced"))
+    monkeypatch.setenv("TORCHKM_HOPPER_TRACED", "1")
+    compiled = torch.compile(lambda a, b: torchkm.assign(a, b, precision=precision), fullgraph=True)
+    (labels, dist), code = run_and_get_code(compiled, x, c)
+    assert "torchkm.hopper_search" in "\n".join(code)
+    eager = torchkm.assign(x, c, precision=precision)
+    # Inductor centres the rows on its own sum of the centroids: last-bit differences may settle a
+    # near-tie the other way.
+    same = labels == eager[0]
+    assert int((~same).sum()) <= 5
+    torch.testing.assert_close(dist[same], eager[1][same], rtol=1e-4, atol=1e-4)
+    _check_labels(x[::7].float(), c, labels[::7], precision, input_dtype=dtype)
+
+    fused_fn = torch.compile(lambda a, b: _ops.query_assign_and_sum(a, b, precision), fullgraph=True)
+    fused, code = run_and_get_code(fused_fn, x, c)
+    assert "torchkm.hopper_search" in "\n".join(code)
+    counts = torch.bincount(fused[0], minlength=k).float()
+    sums = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(0, fused[0], x.double())
+    assert torch.equal(fused[3], counts)
+    torch.testing.assert_close(fused[2], sums.float(), rtol=1e-4, atol=1e-3)

@@ -1,0 +1,116 @@
+"""What torch.compile thinks each kernel launch writes: only its outputs, never the rows.
+
+Inductor decides which arguments a ``wrap_triton`` launch mutates from the kernel's Triton IR, and
+treats a helper's pointer arguments as written wherever a value the helper returns reaches a
+store's address. A launch that "writes" the rows makes Inductor clone them before it and keeps a
+compiled VQ layer from running as a CUDA graph (its input counts as mutated). So every launch of
+the assignment ops, as ``torch.compile`` traces them, is checked here against the arguments it may
+write.
+
+The check runs in a child process without the interpreter (Triton's IR of the real kernels; the
+target is an sm_90 GPU by name, nothing is launched): the launches of each op are recorded, not
+run, then analysed by torch's own function.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# The outputs of each kernel (everything else it gets is read-only).
+WRITES = {
+    "_prepare_kernel": {"bias_ptr", "bias_exact_ptr", "c_mma_ptr", "c_lo_ptr", "c_exact_ptr", "c_norm_ptr",
+                        "zero_f32_ptr", "zero_f64_ptr", "zero_i32_ptr", "control_ptr"},
+    "_assign_kernel": {"acc_ptr", "flag_count_ptr", "flag_rows_ptr", "key_ptr", "labels_ptr", "lower_ptr",
+                       "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
+    "_research_kernel": {"key_ptr"},
+    "_assign_small_d_kernel": {"acc_ptr", "labels_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
+}
+
+CASES = [  # (precision, fused with the sums, d, k)
+    ("exact", True, 40, 70), ("exact", False, 40, 70), ("fast", True, 40, 70), ("fast", False, 130, 70),
+    ("exact", True, 130, 70), ("exact", True, 40, 1000), ("exact", True, 3, 20), ("fast", False, 3, 20),
+]
+
+
+def _analyse() -> None:
+    """The child: record each case's launches, then print what torch's analysis says each writes."""
+    import importlib
+
+    import torch
+    import torchkm._kernels.assign as assign_module
+    import torchkm._kernels.centroids as centroids_module
+    import triton
+    from torch._higher_order_ops import triton_kernel_wrap
+    from triton.backends.compiler import GPUTarget
+
+    from torchkm import _ops
+
+    calls = []
+
+    def recorder(kernel):
+        class Launch:
+            def __getitem__(self, grid):
+                def record(*args, **kwargs):
+                    calls.append((kernel, args, kwargs))
+                return record
+        return Launch()
+
+    assign_module.launcher = centroids_module.launcher = recorder
+
+    class NamedTarget:  # no GPU here: Triton's IR needs only the target's name
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def is_active(self):
+            return True
+
+    analyse = getattr(triton_kernel_wrap, "identify_accessed_tensors", None)
+    if analyse is not None:
+        def written(kernel, kwargs):
+            return sorted(dep.name for dep in analyse(kernel, kwargs, {}).read_writes.writes)
+    else:  # torch < 2.12
+        def written(kernel, kwargs):
+            return sorted(triton_kernel_wrap.identify_mutated_tensors(kernel, kwargs, {}))
+
+    triton.runtime.driver.set_active(NamedTarget())
+    results = []
+    for precision, fused, d, k in CASES:
+        calls.clear()
+        gen = torch.Generator().manual_seed(d + k)
+        x, c = torch.randn(300, d, generator=gen), torch.randn(k, d, generator=gen)
+        if fused:
+            _ops.query_assign_and_sum(x, c, precision)
+        else:
+            _ops.query_assign(x, c, "euclidean", precision)
+        for kernel, args, kwargs in calls:
+            kernel = getattr(importlib.import_module(kernel.fn.__module__), kernel.fn.__name__)
+            bound = {**dict(zip(kernel.arg_names, args)), **kwargs}
+            bound = {key: value for key, value in bound.items() if key not in ("num_warps", "num_stages")}
+            results.append({"case": [precision, fused, d, k], "kernel": kernel.fn.__name__,
+                            "writes": written(kernel, bound)})
+    print(json.dumps(results))
+
+
+def test_launches_write_only_their_outputs():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {**os.environ, "TORCHKM_ENGINE": "triton", "TORCHKM_HOPPER_SEARCH": "0", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TRITON_INTERPRET", None)
+    child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-4000:]
+    results = json.loads(child.stdout.strip().splitlines()[-1])
+    kernels = {r["kernel"] for r in results}
+    assert {"_prepare_kernel", "_assign_kernel", "_assign_small_d_kernel", "_research_kernel"} <= kernels
+    for r in results:
+        extra = set(r["writes"]) - WRITES[r["kernel"]]
+        assert not extra, f"{r['kernel']} in case {r['case']} counts {sorted(extra)} as written"
+        # An analysis that failed would count every tensor: the outputs alone are a handful.
+        assert r["writes"], r
+
+
+if __name__ == "__main__":
+    _analyse()
