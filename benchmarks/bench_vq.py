@@ -140,16 +140,30 @@ def host_and_wall_ms(fn, steps: int, warmup: int = 3) -> tuple[float, float]:
     return host, (time.perf_counter() - t0) / steps * 1e3
 
 
-def profile(n: int, dim: int, k: int, precision: str, dtype: torch.dtype, steps: int = 20) -> None:
-    """Host and GPU time per step of the torchkm layer, and the profiler's top entries for both."""
+def profile(n: int, dim: int, k: int, precision: str, dtype: torch.dtype, steps: int = 20,
+            compiled: bool = False) -> None:
+    """Host and GPU time per step of the torchkm layer, and the profiler's top entries for both.
+    ``compiled``: of ``torch.compile(layer, fullgraph=True)`` (no CUDA graphs, so that the profiler
+    lists its kernels), the GPU side only."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     x = torch.randn(n, dim, device="cuda", dtype=dtype).requires_grad_(True)
     layer = make_layer(f"torchkm-{precision}", torch.randn(k, dim, device="cuda"))
+    if compiled:
+        torch._dynamo.reset()
+        layer = torch.compile(layer, fullgraph=True)
     step = step_fn(layer, x, dtype)
     host, wall = host_and_wall_ms(step, steps)
-    print(f"\nprofile {n:,} x {dim}, {k:,} {precision} {dtype}: host {host:.3f} ms/step (launch side), wall {wall:.3f} ms/step")
+    print(f"\nprofile {n:,} x {dim}, {k:,} {precision} {dtype}{' compiled' if compiled else ''}: host {host:.3f} "
+          f"ms/step (launch side), wall {wall:.3f} ms/step")
+    if compiled:
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=16, max_name_column_width=70))
+        return
     # Where the host's time goes, by Python function (cProfile's own overhead inflates small calls).
     host_profile = cProfile.Profile()
     host_profile.enable()
@@ -175,10 +189,17 @@ def main() -> None:
     parser.add_argument("--codes", type=int, nargs="*", default=[k for _, _, k in WORKLOADS],
                         help="codebook sizes to run (of 8192 and 65536)")
     parser.add_argument("--profile", action="store_true", help="profile the torchkm layer instead of the comparison")
+    parser.add_argument("--profile-compiled", action="store_true",
+                        help="profile the compiled torchkm layer's kernels at 32,768 x 256, 8192 codes")
     args = parser.parse_args()
     if args.profile:
         for n, dim, k, precision in [(2048, 32, 256, "exact"), (32_768, 256, 8192, "fast"), (32_768, 256, 8192, "exact")]:
             profile(n, dim, k, precision, torch.float32)
+        return
+    if args.profile_compiled:
+        for precision in ("fast", "exact"):
+            for dtype_name in args.dtypes:
+                profile(32_768, 256, 8192, precision, getattr(torch, dtype_name), compiled=True)
         return
 
     rates = ceilings()
