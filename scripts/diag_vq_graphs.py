@@ -21,22 +21,8 @@ from bench_vq import host_and_wall_ms, make_layer, step_fn  # noqa: E402
 
 
 def explain_mutations() -> None:
-    """Print the graph inputs Inductor counts as mutated when it decides on CUDA graphs."""
-    import torch._inductor.cudagraph_utils as utils
-
-    original = utils.check_for_mutation_ignore_cuda_graph_managed_tensor
-
-    def explained(gm, mutated_inputs, mutated_input_idxs, static_input_idxs):
-        placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
-        for idx in mutated_input_idxs:
-            val = placeholders[idx].meta.get("val")
-            print(f"  mutated input {idx} {placeholders[idx].name} static={idx in static_input_idxs} "
-                  f"{getattr(val, 'shape', None)} {getattr(val, 'dtype', None)}; users: "
-                  f"{[str(user.target) for user in placeholders[idx].users]}", flush=True)
-        print(f"  mutated buffers: {list(mutated_inputs)}", flush=True)
-        return original(gm, mutated_inputs, mutated_input_idxs, static_input_idxs)
-
-    utils.check_for_mutation_ignore_cuda_graph_managed_tensor = explained
+    """Print the graph inputs that cudagraph trees count as mutated when they decide whether to record
+    (a mutated input that is not static makes them skip the graph)."""
     import torch._inductor.cudagraph_trees as trees
 
     original_trees = trees.check_for_mutation
