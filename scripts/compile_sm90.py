@@ -47,18 +47,23 @@ class Compiler:
         names = fn.arg_names
         bound = dict(zip(names, args)); bound.update(kw)
         opts = {k: bound.pop(k) for k in ("num_warps", "num_stages") if k in bound}
-        sig, consts = {}, {}
+        sig, consts, attrs = {}, {}, {}
         for i, name in enumerate(names):
             v = bound[name]
             p = fn.params[i]
-            if p.is_constexpr:
+            # As the runtime specialises a launch: an int equal to 1 becomes a constant (a unit
+            # stride), and pointers and ints divisible by 16 say so (vectorised and async loads).
+            if p.is_constexpr or (type(v) is int and v == 1 and not p.do_not_specialize):
                 sig[name] = "constexpr"; consts[name] = v
             elif isinstance(v, torch.Tensor):
                 sig[name] = "*" + TY[v.dtype]
+                attrs[(i,)] = [["tt.divisibility", 16]]
             elif isinstance(v, bool):
                 sig[name] = "i1"
             elif isinstance(v, int):
                 sig[name] = "i64" if abs(v) >= 2**31 else "i32"
+                if v % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
             elif isinstance(v, float):
                 sig[name] = "fp32"
             else:
@@ -67,7 +72,7 @@ class Compiler:
         if key in seen: return
         seen.add(key)
         t0 = time.time()
-        src = ASTSource(fn, sig, consts)
+        src = ASTSource(fn, sig, consts, attrs)
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         shown = ("BLOCK_N", "BLOCK_K", "BLOCK_D", "CHECK", "EAGER", "PRECISION", "ONE_CHUNK", "HAS_ROW_INDEX", "UPDATE")
         print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} shared={k.metadata.shared} {opts} "
