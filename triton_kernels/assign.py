@@ -34,7 +34,10 @@ Precision (``precision=``):
                ``2 (x - c).r + ||r||^2`` for a centroid rounded by ``r`` (bounded through the
                distance itself, so it is small for the close centroids that decide), must leave a
                distance above the winner's. Labels then equal those of an fp32 computation up to
-               ties within fp32 rounding. Scaled (cosine) rows, and fp32 rows of at most 32
+               ties within fp32 rounding. Over many centroids (a split re-search) the deferred rows
+               are first scored again with the fast product, and the centroids whose scores could
+               still win (up to 16 a row) are compared by direct fp32 distances
+               (``_candidate_kernel``); only rows with more take the 3xTF32 products. Scaled (cosine) rows, and fp32 rows of at most 32
                features, use a cruder bound on the whole gap in raw-row units
                (``gap_bound_coefficient``; the best two compared directly only inside it); for
                scaled bf16 rows the centroids then enter as two bf16 parts (two products per
@@ -84,6 +87,7 @@ from ._common import (
 from .centroids import _round_tf32, prepare_centroids
 from .configs import (
     assign_config,
+    candidate_config,
     exact_as_tf32x3,
     num_persistent_programs,
     small_d_launch,
@@ -412,6 +416,11 @@ def _tile(
         tl.store(flag_rows_ptr + pos, rows, mask=flag)
         if KEYS == 1:  # clear the split re-search's slots of these rows
             tl.store(key_ptr.to(tl.pointer_type(tl.uint64)) + pos, tl.zeros((BLOCK_N,), tl.uint64), mask=flag)
+        if KEYS == 3:
+            # The candidate re-search (``_candidate_kernel``) reads the winner so far from the slot:
+            # its direct distance bounds which scores could still hide a closer centroid.
+            tl.static_assert(DISTANCE_BOUND != 0, "the candidate re-search needs the distance bound")
+            tl.store(key_ptr.to(tl.pointer_type(tl.uint64)) + pos, _key_of(sq_dist, label), mask=flag)
         if STORE_LOWER:
             # A lower bound on the squared distance to every centroid but the winner (the pruned
             # Lloyd's bounds). Deferred rows get 0.
@@ -544,21 +553,172 @@ def _label_of_key(key):
 
 
 @triton.jit
-def _research_kernel(
-    x_ptr, c_exact_ptr, bias_exact_ptr, offset_ptr, scale_ptr, row_index_ptr, row_count_ptr, key_ptr, control_ptr,
-    k, d, stride_xn, stride_xd, chunk,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_CONTROL: tl.constexpr,
+def _distance_of_key(key):
+    """The score of a key made from a non-negative one (a squared distance): ``_key_of`` set its
+    sign bit."""
+    return (((~key) >> 32).to(tl.uint32) ^ 0x80000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _candidate_kernel(
+    x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr,
+    cand_ptr, control_ptr, k, d, stride_xn, stride_xd, chunk, cand_cap, bound_coef, bias_coef,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
+    PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr,
 ):
-    """The exact mode's re-search split over centroid chunks (program axis 1), so that a few hundred
-    deferred rows still occupy every SM: the nearest centroid of each listed row within the chunk,
-    from 3xTF32 products of the transformed fp32 rows, folded into the row's key slot by an atomic
-    maximum (see ``_key_of``). The re-search launch then reads the labels from the keys."""
+    """The exact mode's re-search, first step: which centroids could still beat a deferred row's
+    winner. Over the deferred rows (``row_index_ptr``, the first ``cand_cap`` of them), their
+    centroid chunk (program axis 1) is scored again by the fast product, one product per tile
+    where the 3xTF32 re-search takes three; a centroid is a candidate when what its score bounds
+    (``_distance_floor``, as the pass itself decides, inverted into a score threshold) is not above
+    the winner's direct distance, read from the row's key slot (``KEYS == 3``). Up to ``S`` candidates per row go to
+    ``cand_ptr``, their count to ``count_ptr[2 + slot]`` (cleared by the pass's preparation); a
+    row with more is re-searched in full (``_candidate_exact_kernel``)."""
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
     if go:
-        row_count = tl.load(row_count_ptr)
+        row_count = tl.minimum(tl.load(count_ptr), cand_cap)
+        first = tl.program_id(1) * chunk
+        last = tl.minimum(first + chunk, k)
+        tile_cols = tl.arange(0, BLOCK_K)
+        dims0 = tl.arange(0, BLOCK_D)
+        mma_dtype = c_mma_ptr.dtype.element_ty
+        # As in the pass's epilogue: the largest centroid norm, residual norm and |bias|.
+        c_norms = tl.zeros((BLOCK_K,), tl.float32)
+        residuals = tl.zeros((BLOCK_K,), tl.float32)
+        biases = tl.zeros((BLOCK_K,), tl.float32)
+        for k0 in range(0, k, BLOCK_K):
+            kmask = k0 + tile_cols < k
+            c_norms = tl.maximum(c_norms, tl.load(c_norm_ptr + k0 + tile_cols, mask=kmask, other=0.0))
+            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + k + k0 + tile_cols, mask=kmask, other=0.0))
+            biases = tl.maximum(biases, tl.load(c_norm_ptr + 2 * k + k0 + tile_cols, mask=kmask, other=0.0))
+        c_norm_max = tl.max(c_norms, axis=0)
+        residual_max = tl.max(residuals, axis=0) * 1.001
+        bias_max = tl.max(biases, axis=0)
+        margin = (d + 16) * 1.1920929e-07
+        keys = key_ptr.to(tl.pointer_type(tl.uint64))
+        for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
+            slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_mask = slots < row_count
+            rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
+            bound = bound_coef * tl.load(norm_ptr + rows, mask=row_mask, other=0.0) * c_norm_max + bias_coef * bias_max
+            limit = _distance_of_key(tl.load(keys + slots, mask=row_mask, other=0)) * (1.0 + margin)
+            x_sq = tl.zeros((BLOCK_N,), tl.float32)
+            for d0 in range(0, d, BLOCK_D):
+                dims = d0 + dims0
+                dim_mask = dims < d
+                xr = transform_rows(
+                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                    row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), tl.full((BLOCK_N,), 1.0, tl.float32),
+                    HAS_OFFSET, False)
+                x_sq += tl.sum(xr * xr, axis=1)
+            # A score whose floor is within the limit is at most ``top`` (the floor inverted, with
+            # room for its roundings): one comparison per score. A few more candidates than the
+            # floor would name cost a direct distance each, never a wrong label.
+            reach = tl.sqrt(limit / (1.0 - margin)) + residual_max
+            top = reach * reach - x_sq + bound + margin * x_sq
+            top = tl.where(top >= 0, top / (1.0 - margin), top / (1.0 + margin))
+            top = top + 2.0 * margin * tl.abs(top) + 1e-30
+            for k0 in range(first, last, BLOCK_K):
+                cols = k0 + tile_cols
+                col_mask = cols < last
+                acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + tl.load(
+                    bias_ptr + cols, mask=col_mask, other=float("inf"))[None, :]
+                for d0 in range(0, d, BLOCK_D):
+                    dims = d0 + dims0
+                    dim_mask = dims < d
+                    # The raw rows, as the pass's fast product multiplies them (the offset is in the bias).
+                    x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                     mask=row_mask[:, None] & dim_mask[None, :], other=0.0).to(mma_dtype)
+                    c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
+                    c_mask = col_mask[:, None] & dim_mask[None, :]
+                    acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                                 input_precision=PRECISION)
+                    if SPLIT:
+                        acc = tl.dot(x_tile, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                                     input_precision=PRECISION)
+                is_cand = row_mask[:, None] & col_mask[None, :] & (acc <= top[:, None])
+                in_row = tl.sum(is_cand.to(tl.int32), axis=1)
+                base = tl.atomic_add(count_ptr + 2 + slots, in_row, mask=row_mask & (in_row > 0), sem="relaxed")
+                pos = base[:, None] + tl.cumsum(is_cand.to(tl.int32), axis=1) - 1
+                tl.store(cand_ptr + slots[:, None].to(tl.int64) * S + pos, cols[None, :] + tl.zeros_like(pos),
+                         mask=is_cand & (pos < S))
+
+
+@triton.jit
+def _candidate_exact_kernel(
+    x_ptr, c32_ptr, offset_ptr, row_index_ptr, count_ptr, key_ptr, cand_ptr, slot_list_ptr, control_ptr,
+    d, stride_xn, stride_xd, cand_cap,
+    BLOCK_R: tl.constexpr, S: tl.constexpr, EPI_D: tl.constexpr, HAS_OFFSET: tl.constexpr,
+    HAS_CONTROL: tl.constexpr,
+):
+    """The candidate re-search, second step: each deferred row's candidates by direct fp32
+    distances (as the pass settles its best two; ties to the lowest index), the winner into the
+    row's key slot. Rows with more than ``S`` candidates, or past the first ``cand_cap``, get
+    their slot cleared and listed in ``slot_list_ptr`` (their count in ``count_ptr[1]``) for the
+    full 3xTF32 re-search (``_research_kernel`` with ``SLOT_LIST``)."""
+    go = True
+    if HAS_CONTROL:
+        go = tl.load(control_ptr) == 0
+    if go:
+        row_count = tl.load(count_ptr)
+        cand_cols = tl.arange(0, S)
+        epi_dims = tl.arange(0, EPI_D)
+        keys = key_ptr.to(tl.pointer_type(tl.uint64))
+        for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK_R), tl.num_programs(0)):
+            slots = t * BLOCK_R + tl.arange(0, BLOCK_R)
+            row_mask = slots < row_count
+            in_cap = row_mask & (slots < cand_cap)
+            n_cand = tl.load(count_ptr + 2 + slots, mask=in_cap, other=S + 1)
+            settle = row_mask & (n_cand <= S)
+            full = row_mask & (n_cand > S)
+            rows = tl.load(row_index_ptr + slots, mask=settle, other=0).to(tl.int64)
+            valid = settle[:, None] & (cand_cols[None, :] < n_cand[:, None])
+            ids = tl.load(cand_ptr + slots[:, None].to(tl.int64) * S + cand_cols[None, :], mask=valid, other=0)
+            ids64 = ids.to(tl.int64)
+            dist = tl.zeros((BLOCK_R, S), tl.float32)
+            for d0 in range(0, d, EPI_D):
+                dims = d0 + epi_dims
+                dim_mask = dims < d
+                xr = transform_rows(
+                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=settle[:, None] & dim_mask[None, :], other=0.0),
+                    settle, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), tl.full((BLOCK_R,), 1.0, tl.float32),
+                    HAS_OFFSET, False)
+                cr = tl.load(c32_ptr + ids64[:, :, None] * d + dims[None, None, :],
+                             mask=valid[:, :, None] & dim_mask[None, None, :], other=0.0)
+                diff = xr[:, None, :] - cr
+                dist += tl.sum(diff * diff, axis=2)
+            dist = tl.where(valid, dist, float("inf"))
+            best = tl.min(dist, axis=1)
+            label = tl.min(tl.where(valid & (dist == best[:, None]), ids, 2147483647), axis=1)
+            # No candidate (it cannot happen: the winner is one): the slot keeps the pass's winner.
+            tl.store(keys + slots, _key_of(best, label), mask=settle & (n_cand > 0))
+            tl.store(keys + slots, tl.zeros((BLOCK_R,), tl.uint64), mask=full)
+            n_full = tl.sum(full.to(tl.int32), axis=0)
+            if n_full > 0:
+                base = tl.atomic_add(count_ptr + 1, n_full, sem="relaxed")
+                tl.store(slot_list_ptr + base + tl.cumsum(full.to(tl.int32), axis=0) - 1, slots, mask=full)
+
+
+@triton.jit
+def _research_kernel(
+    x_ptr, c_exact_ptr, bias_exact_ptr, offset_ptr, scale_ptr, row_index_ptr, row_count_ptr, key_ptr, slot_list_ptr,
+    control_ptr, k, d, stride_xn, stride_xd, chunk,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_CONTROL: tl.constexpr, SLOT_LIST: tl.constexpr,
+):
+    """The exact mode's re-search split over centroid chunks (program axis 1), so that a few hundred
+    deferred rows still occupy every SM: the nearest centroid of each listed row within the chunk,
+    from 3xTF32 products of the transformed fp32 rows, folded into the row's key slot by an atomic
+    maximum (see ``_key_of``). The re-search launch then reads the labels from the keys.
+    ``SLOT_LIST``: only the slots listed in ``slot_list_ptr`` (``row_count_ptr[1]`` of them; the rows
+    the candidate re-search left, see ``_candidate_exact_kernel``)."""
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        row_count = tl.load(row_count_ptr + (1 if SLOT_LIST else 0))
         first = tl.program_id(1) * chunk
         last = tl.minimum(first + chunk, k)
         tile_cols = tl.arange(0, BLOCK_K)
@@ -567,6 +727,8 @@ def _research_kernel(
         for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
             slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
             row_mask = slots < row_count
+            if SLOT_LIST:
+                slots = tl.load(slot_list_ptr + slots, mask=row_mask, other=0)
             rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
             if HAS_SCALE:
                 scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
@@ -1088,6 +1250,7 @@ class AssignPass:
         self.move_counts = self.move_acc[k * d:].view(1, k) if moves else None
         self.flag_count = torch.empty(1, dtype=torch.int32, device=device)
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
+        self.cand_cap = 0
         if self.small_d:
             self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
             # The centroid-chunk layout of the small-d search (``TORCHKM_SMALL_D_COLUMNS=0``: the
@@ -1179,6 +1342,21 @@ class AssignPass:
                 self.research_chunks = triton.cdiv(k, self.research_chunk)
                 self.research_keys = torch.empty(n if self.research_chunks > 1 else 1, dtype=torch.int64,
                                                  device=device)
+                # The split re-search first scores its rows' chunks again with the fast product and
+                # keeps the few centroids that could still win, then compares those directly: one
+                # product per tile instead of three. Rows with more than CANDIDATES of them (or past
+                # the first ``cand_cap`` deferred rows, which bound the candidate buffer) take the
+                # 3xTF32 re-search. Only under the distance bound, which says which scores could
+                # win. H200, 1M x 768, k = 8192, centroids after three Lloyd iterations (16-19 % of
+                # the rows deferred), scripts/diag_streamed.py: see BENCHMARKS.md.
+                # ``TORCHKM_RESEARCH_CANDIDATES=0``: every deferred row in 3xTF32 (experiments).
+                self.cand_cap = min(n, CANDIDATE_ROWS) if (
+                    self.research_chunks > 1 and os.environ.get("TORCHKM_RESEARCH_CANDIDATES", "1") != "0") else 0
+                if self.cand_cap:
+                    # The deferred count, the rows left to the full re-search, and each row's candidates.
+                    self.flag_count = torch.empty(2 + self.cand_cap, dtype=torch.int32, device=device)
+                    self.cand_ids = torch.empty(self.cand_cap * CANDIDATES, dtype=torch.int32, device=device)
+                    self.full_slots = torch.empty(n, dtype=torch.int32, device=device)
         # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
         # pruned Lloyd's settle pass), so that one reduction sees both.
         self.extra_base = self.main_grid + self.recheck_grid
@@ -1334,14 +1512,17 @@ class AssignPass:
                           UPDATE=UPDATE_DELTA)
         split_research = bool(self.recheck_grid) and self.research_chunks > 1
         keys = self.research_keys if split_research else spare("keys", torch.int64)
+        searched = bool(self.main_grid and self.hopper and rows is None and row_scale is None
+                        and hopper_search.traced(x) == self.traced
+                        and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
+        bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
+                                           packed=searched and hopper_search.packed(x, self.k))
+        candidates = split_research and bool(self.cand_cap) and bool(bound_args["DISTANCE_BOUND"])
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
         # product's operands) spill registers.
         epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
         if self.main_grid:
             cfg = self.cfg
-            searched = (self.hopper and rows is None and row_scale is None
-                        and hopper_search.traced(x) == self.traced
-                        and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
             if searched:
                 # The epilogue only (no search): the eager search's variables take the record.
                 cfg = {**cfg, "EAGER": True, "SWAP": False, "num_stages": 1}
@@ -1353,9 +1534,7 @@ class AssignPass:
                 row_index_ptr=spare("row_index", torch.int32) if rows is None else rows[0],
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1],
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
-                KEYS=1 if split_research else 0,
-                **self._bound_arguments(x.dtype, d, row_scale is not None,
-                                        packed=searched and hopper_search.packed(x, self.k)),
+                KEYS=(3 if candidates else 1) if split_research else 0, **bound_args,
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
                 PRECISION=("tf32" if x.dtype == torch.float32 else "ieee") if self.fast else self.precision,
@@ -1371,14 +1550,33 @@ class AssignPass:
         if self.recheck_grid:
             # Deferred rows: every centroid again, 3xTF32 products of the transformed fp32 rows.
             cfg = self.recheck_cfg
+            split_grid = (max(1, self.recheck_grid // self.research_chunks), self.research_chunks)
+            if candidates:
+                ccfg = candidate_config(x.dtype)
+                launcher(_candidate_kernel)[split_grid](
+                    x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),
+                    prepared.bias, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows,
+                    self.flag_count, keys, self.cand_ids, control_args["control_ptr"], self.k, d, x.stride(0),
+                    x.stride(1), self.research_chunk, self.cand_cap, bound_args["bound_coef"], bound_args["bias_coef"],
+                    S=CANDIDATES, PRECISION="tf32" if x.dtype == torch.float32 else "ieee", SPLIT=self.split,
+                    HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None, **ccfg,
+                )
+                launcher(_candidate_exact_kernel)[(self.recheck_grid,)](
+                    x, c32, given(offset, name="offset"), self.flag_rows, self.flag_count, keys, self.cand_ids,
+                    self.full_slots, control_args["control_ptr"], d, x.stride(0), x.stride(1), self.cand_cap,
+                    BLOCK_R=16, S=CANDIDATES, EPI_D=32, HAS_OFFSET=offset is not None,
+                    HAS_CONTROL=control is not None, num_warps=4,
+                )
             if split_research:
-                launcher(_research_kernel)[(max(1, self.recheck_grid // self.research_chunks), self.research_chunks)](
+                launcher(_research_kernel)[split_grid](
                     x, prepared.c_exact, prepared.bias_exact, given(offset, name="offset"),
                     given(row_scale, name="scale"), self.flag_rows, self.flag_count, keys,
+                    self.full_slots if candidates else spare("full_slots", torch.int32),
                     control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunk,
                     BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_D=cfg["BLOCK_D"],
                     HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
-                    HAS_CONTROL=control is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                    HAS_CONTROL=control is not None, SLOT_LIST=candidates,
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                 )
             launcher(_assign_kernel)[(self.recheck_grid,)](
                 x, prepared.c_exact, spare("c_lo"), prepared.bias_exact, row_index_ptr=self.flag_rows,
@@ -1392,6 +1590,10 @@ class AssignPass:
 
 
 SMALL_D = 8
+# The candidate re-search (``_candidate_kernel``): candidates kept per deferred row, and the most
+# deferred rows it takes (the rest, and rows with more candidates, take the 3xTF32 re-search).
+CANDIDATES = 16
+CANDIDATE_ROWS = 1 << 18
 
 
 def assign_reference(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

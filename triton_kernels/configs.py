@@ -15,7 +15,7 @@ import os
 import torch
 import triton
 
-__all__ = ["assign_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
+__all__ = ["assign_config", "candidate_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
            "update_config"]
 
 
@@ -40,7 +40,8 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     ``SWAP``: scores as (centroids x rows), the resident row tile as the right operand).
 
     A row tile is loaded once for all centroid tiles when the padded row fits one chunk (d <= 128
-    for 4-byte operands, 256 for 2-byte ones); otherwise the features are streamed in chunks. The
+    for 4-byte operands, 256 for 2-byte ones); otherwise the features are streamed in chunks, through
+    tiles of 256 centroids where there are more than 128. The
     exact mode reduces eagerly (it keeps the best two candidates with their indices), except in the
     transposed search and for rows of at most 32 features. From the H200 sweep of 2026-11-21 (only
     configs without register spills under ptxas were tried), and for the transposed search the
@@ -94,6 +95,15 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     # the split); SIFT 245,760 x 128: 1.52 -> 1.19; 32,768 x 256, k = 8192: 0.78 -> 0.53 (0.97).
     if transposed and exact and operand_bytes == 2 and not split and k > 64 and d_pad in (128, 256):
         return _config(128, 64, d_pad, 8, 3, False, swap=True)
+    if d_pad > one_chunk and k > 128:
+        # Streamed features: a (rows x centroids) tile reads BLOCK_N + BLOCK_K operand rows per
+        # feature chunk from L2 for BLOCK_N * BLOCK_K products, and at 128 x 128 that traffic, not the
+        # tensor cores, set the pace (both dtypes moved about 6 TB/s). 256 centroids a tile read a
+        # quarter less per product. H200, 1M x 768, k = 8192, fused pass (scripts/diag_streamed.py,
+        # 2026-11-22), ms, 128 x 128 -> 128 x 256: fp32 fast 64.6 -> 50.1, exact 81.7 -> 60.6; bf16
+        # fast 31.0 -> 25.3, exact 50.1 -> 44.0 (256 rows x 128 centroids: 58.1, 72.8, 33.4, 50.3;
+        # cuBLAS x @ c.T: 38.9 tf32, 20.7 bf16).
+        return _config(128, 256, 32, 8, 3, True) if operand_bytes == 4 else _config(128, 256, 64, 8, 3, True)
     if operand_bytes == 4:
         if swap:
             return _config(256, 64, d_pad, 8, 3, False, swap=True) if d_pad >= 128 else \
@@ -109,6 +119,14 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     if d_pad <= one_chunk and not exact:
         return _config(64, min(64, k_tile), d_pad, 4, 2, False)
     return _config(128, k_tile, 64, 8, 3, True)
+
+
+def candidate_config(dtype: torch.dtype) -> dict:
+    """Tiles of the candidate re-search's fast product (``assign._candidate_kernel``): rows x
+    centroids x features per step, warps, stages. (128 x 128 tiles spill about 300 bytes under
+    Triton 3.6's ptxas for sm_90a, 64 centroids none.)"""
+    block_d = 32 if dtype == torch.float32 else 64
+    return {"BLOCK_N": 128, "BLOCK_K": 64, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 3}
 
 
 def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:

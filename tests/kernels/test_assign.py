@@ -287,6 +287,68 @@ def test_split_re_search_gives_ties_to_the_lowest_index_across_chunks():
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
 
 
+def _launched(monkeypatch):
+    """Names of the kernels ``assign`` launches from now on."""
+    import torchkm._kernels.assign as assign_module
+
+    names = []
+    real = assign_module.launcher
+
+    def recording(kernel):
+        names.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return real(kernel)
+
+    monkeypatch.setattr(assign_module, "launcher", recording)
+    return names
+
+
+@pytest.mark.parametrize("cap", [None, 8])
+def test_candidate_re_search_settles_deferred_rows_as_the_full_one(monkeypatch, cap):
+    """Under the distance bound (d > 32) with a split re-search (k = 1000), deferred rows are first
+    scored again with the fast product, and only the centroids that could still win are compared
+    directly. Rows near a vector stored four times (once in each centroid chunk; the lazy and
+    Hopper searches settle three candidates in the pass) have four such candidates and get the
+    lowest index; rows near one stored twenty times have more than the 16
+    kept and take the 3xTF32 re-search, as do the rows past the candidate buffer (``cap``: 8
+    deferred rows). Labels, distances, sums and counts equal the full re-search's
+    (``TORCHKM_RESEARCH_CANDIDATES=0``) and float64's beyond ties."""
+    import torchkm._kernels.assign as assign_module
+
+    if cap is not None:
+        monkeypatch.setattr(assign_module, "CANDIDATE_ROWS", cap)
+    n, d, k = 300, 40, 1000
+    x, c = _data(n, d, k, seed=31)
+    g = torch.Generator(device=DEVICE).manual_seed(31)
+    groups = [[5, 300, 600, 900], list(range(100, 1000, 45))]  # 4 copies (one per chunk); 20 copies
+    for group, copies in enumerate(groups):
+        c[copies] = c[copies[0]].clone()
+        x[group * 20:(group + 1) * 20] = c[copies[0]] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    # More close calls: rows halfway between two centroids.
+    x[40:60] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(20, d, device=DEVICE, generator=g)
+    results = {}
+    for candidates in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_RESEARCH_CANDIDATES", candidates)
+        launched = _launched(monkeypatch)
+        sums = torch.zeros(k, d, device=DEVICE)
+        counts = torch.zeros(k, device=DEVICE)
+        out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts)
+        assert ("_candidate_kernel" in launched) == (candidates == "1")
+        results[candidates] = (out, sums, counts)
+    out, sums, counts = results["1"]
+    full, full_sums, full_counts = results["0"]
+    assert int(out.rechecked) == int(full.rechecked) >= 40
+    for group, copies in enumerate(groups):
+        assert (out.labels[group * 20:(group + 1) * 20] == copies[0]).all()
+    assert torch.equal(out.labels, full.labels)
+    torch.testing.assert_close(out.sq_dist, full.sq_dist, rtol=0, atol=0)
+    _check_labels(x, c, out.labels, "exact")
+    ref_sums, ref_counts = update_reference(x, out.labels, k)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sums, full_sums, rtol=1e-6, atol=1e-6)
+    assert torch.equal(counts, full_counts)
+
+
 @pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("exact", "swap"), ("fast", "lazy"), ("fast", "swap")])
 def test_cosine_rows_are_scaled_as_they_are_read(precision, search):
     n, d, k = 150, 33, 9
