@@ -619,7 +619,8 @@ def _candidate_kernel(
             reach = tl.sqrt(limit / (1.0 - margin)) + residual_max
             top = reach * reach - x_sq + bound + margin * x_sq
             top = tl.where(top >= 0, top / (1.0 - margin), top / (1.0 + margin))
-            top = top + 2.0 * margin * tl.abs(top) + 1e-30
+            # (and room for this arithmetic's own roundings, on the magnitudes it cancels)
+            top = top + 2.0 * margin * tl.abs(top) + 1e-6 * (reach * reach + x_sq) + 1e-30
             for k0 in range(first, last, BLOCK_K):
                 cols = k0 + tile_cols
                 col_mask = cols < last
