@@ -1191,10 +1191,13 @@ class AssignPass:
     accumulators of the fused sums (``acc_sums`` (R, k, d) and ``acc_counts`` (R, k): R replicas
     for few clusters, so that programs do not queue on the same addresses) and the exact mode's
     deferred-row list (``flag_count``, ``flag_rows``, and ``research_keys``, one per listed row for
-    the re-search split into centroid chunks). The accumulators and ``flag_count`` must be zero when
-    a pass starts: each call clears them as part of the centroids' preparation (the search clears
-    the keys of the rows it lists), so a pass is three or four launches (preparation, search,
-    chunked re-search, re-search epilogue) and can be captured in a CUDA graph. ``scaled``: the
+    the re-search split into centroid chunks). With the candidate re-search (``cand_cap`` > 0),
+    ``flag_count`` holds 2 + ``cand_cap`` counters: the deferred rows, the rows left to the full
+    re-search (listed in ``full_slots``), and each deferred row's candidates (in ``cand_ids``). The
+    accumulators and ``flag_count`` must be zero when a pass starts: each call clears them as part
+    of the centroids' preparation (the search sets the keys of the rows it lists), so a pass is
+    three to six launches (preparation, search, candidates, their distances, chunked re-search,
+    re-search epilogue) and can be captured in a CUDA graph. ``scaled``: the
     passes will get a ``row_scale`` (cosine rows), which keep the gap bound of the exact mode (and
     for bf16, hi + lo centroids).
     """
