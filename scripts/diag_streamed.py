@@ -151,6 +151,8 @@ def main() -> None:
                         got = check(x, c)
                         row.update(rechecked_pct=round(got["rechecked_pct"], 3),
                                    off_beyond_ties_pct=round(got["labels_off_beyond_ties_pct"], 4))
+                        if cfg in args.exact_env:
+                            row["split"] = kernel_split(x, c, precision)
                 except OutOfResources as err:  # shared memory or registers
                     row = {**base, "variant": f"{precision} {cfg}", "error": type(err).__name__}
                 finally:
@@ -161,8 +163,10 @@ def main() -> None:
         torch.cuda.empty_cache()
     print(f"\n{'dtype':<9} {'variant':<36} {'ms':>9}  notes")
     for r in rows:
-        notes = r.get("error") or r.get("split") or (f"{r['TFLOPs']} TFLOP/s" if "TFLOPs" in r else "") or (
+        notes = r.get("error") or (f"{r['TFLOPs']} TFLOP/s" if "TFLOPs" in r else "") or (
             f"re-searched {r['rechecked_pct']} %, off beyond ties {r['off_beyond_ties_pct']} %" if "rechecked_pct" in r else "")
+        if "split" in r:
+            notes = f"{notes} {r['split']}".strip()
         print(f"{r['dtype']:<9} {r['variant']:<36} {r.get('ms', float('nan')):>9.3f}  {notes}")
     if args.json:
         with open(args.json, "w") as f:

@@ -640,9 +640,10 @@ def _candidate_kernel(
                         acc = tl.dot(x_tile, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
                                      input_precision=PRECISION)
                 is_cand = row_mask[:, None] & col_mask[None, :] & (acc <= top[:, None])
-                in_row = tl.sum(is_cand.to(tl.int32), axis=1)
-                base = tl.atomic_add(count_ptr + 2 + slots, in_row, mask=row_mask & (in_row > 0), sem="relaxed")
-                pos = base[:, None] + tl.cumsum(is_cand.to(tl.int32), axis=1) - 1
+                # Each candidate takes its place by its own atomic: few scores pass, and a running
+                # sum over the tile (one atomic a row) holds more registers (it spilled at 128 x 128).
+                pos = tl.atomic_add(count_ptr + 2 + slots[:, None] + tl.zeros_like(cols)[None, :], 1, mask=is_cand,
+                                    sem="relaxed")
                 tl.store(cand_ptr + slots[:, None].to(tl.int64) * S + pos, cols[None, :] + tl.zeros_like(pos),
                          mask=is_cand & (pos < S))
 
@@ -1349,12 +1350,12 @@ class AssignPass:
                 # The split re-search first scores its rows' chunks again with the fast product and
                 # keeps the few centroids that could still win, then compares those directly: one
                 # product per tile instead of three. Rows with more than CANDIDATES of them (or past
-                # the first ``cand_cap`` deferred rows, which bound the candidate buffer) take the
+                # the first ``cand_cap`` deferred rows, ``candidate_rows``) take the
                 # 3xTF32 re-search. Only under the distance bound, which says which scores could
                 # win. H200, 1M x 768, k = 8192, centroids after three Lloyd iterations (16-19 % of
                 # the rows deferred), scripts/diag_streamed.py: see BENCHMARKS.md.
                 # ``TORCHKM_RESEARCH_CANDIDATES=0``: every deferred row in 3xTF32 (experiments).
-                self.cand_cap = min(n, CANDIDATE_ROWS) if (
+                self.cand_cap = candidate_rows(n) if (
                     self.research_chunks > 1 and os.environ.get("TORCHKM_RESEARCH_CANDIDATES", "1") != "0") else 0
                 if self.cand_cap:
                     # The deferred count, the rows left to the full re-search, and each row's candidates.
@@ -1594,10 +1595,17 @@ class AssignPass:
 
 
 SMALL_D = 8
-# The candidate re-search (``_candidate_kernel``): candidates kept per deferred row, and the most
-# deferred rows it takes (the rest, and rows with more candidates, take the 3xTF32 re-search).
+# The candidate re-search (``_candidate_kernel``): candidates kept per deferred row.
 CANDIDATES = 16
-CANDIDATE_ROWS = 1 << 18
+
+
+def candidate_rows(n: int) -> int:
+    """The most deferred rows of an ``n``-row pass the candidate re-search takes (its buffer holds
+    ``CANDIDATES`` int32 each: 32 bytes a row of the pass at most); the rest, and rows with more
+    candidates, take the 3xTF32 re-search, many times its cost per row (H200, 1M x 768 bf16,
+    k = 8192, 276,000 rows deferred: 16.4 + 3.0 ms with a cap of 2^18, 14.3 + 0.4 without; see
+    BENCHMARKS.md). Half the rows, and never fewer than 2^18."""
+    return min(n, max(1 << 18, n // 2))
 
 
 def assign_reference(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -123,10 +123,20 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
 
 def candidate_config(dtype: torch.dtype) -> dict:
     """Tiles of the candidate re-search's fast product (``assign._candidate_kernel``): rows x
-    centroids x features per step, warps, stages. (128 x 128 tiles spill about 300 bytes under
-    Triton 3.6's ptxas for sm_90a, 64 centroids none.)"""
-    block_d = 32 if dtype == torch.float32 else 64
-    return {"BLOCK_N": 128, "BLOCK_K": 64, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 3}
+    centroids x features per step, warps, stages. ``TORCHKM_CANDIDATE_CONFIG``
+    (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages``) overrides it for experiments.
+
+    H200, 1M x 768, k = 8192, centroids after two Lloyd iterations (23-28 % of rows deferred),
+    candidate kernel alone (``scripts/diag_streamed.py --exact-env``, 2026-11-22), ms: bf16 128 x 64
+    16.5, 128 x 128 12.9, 64 x 256 13.1, 128 x 256 16.0 (spills 920 bytes); fp32 128 x 64 27.6,
+    128 x 128 20.0, 64 x 256 18.0, 128 x 256 23.4."""
+    spec = os.environ.get("TORCHKM_CANDIDATE_CONFIG")
+    if spec:
+        bn, bk, bd, warps, stages = (int(v) for v in spec.split(","))
+        return {"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_D": bd, "num_warps": warps, "num_stages": stages}
+    if dtype == torch.float32:
+        return {"BLOCK_N": 64, "BLOCK_K": 256, "BLOCK_D": 32, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_N": 128, "BLOCK_K": 128, "BLOCK_D": 64, "num_warps": 8, "num_stages": 3}
 
 
 def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:

@@ -315,7 +315,7 @@ def test_candidate_re_search_settles_deferred_rows_as_the_full_one(monkeypatch, 
     import torchkm._kernels.assign as assign_module
 
     if cap is not None:
-        monkeypatch.setattr(assign_module, "CANDIDATE_ROWS", cap)
+        monkeypatch.setattr(assign_module, "candidate_rows", lambda n: cap)
     n, d, k = 300, 40, 1000
     x, c = _data(n, d, k, seed=31)
     g = torch.Generator(device=DEVICE).manual_seed(31)
