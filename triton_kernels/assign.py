@@ -102,13 +102,13 @@ def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count, tile_offset, searched_stride,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     # The lazy searches (and the Hopper search's record) also name a third candidate (``label3``,
@@ -135,10 +135,13 @@ def _tile(
     tile_cols = tl.arange(0, BLOCK_K)
     dims0 = tl.arange(0, BLOCK_D)
 
+    tl.static_assert(not CHUNK_MINS or (EAGER and not SWAP and not SEARCHED), "chunk minima come from the eager search")
     if EAGER:
         # Per-row running best, its index, and (CHECK) the second best with its index and the
         # third-best score.
         best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+        if CHUNK_MINS:
+            chunk_best = tl.full((BLOCK_N,), float("inf"), tl.float32)
         label = tl.zeros((BLOCK_N,), tl.int32)
         if CHECK:
             second = tl.full((BLOCK_N,), float("inf"), tl.float32)
@@ -233,6 +236,14 @@ def _tile(
             if EAGER:
                 # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
                 m1 = tl.min(acc, axis=1)
+                if CHUNK_MINS:
+                    # Each row's lowest score in every ``min_chunk`` centroids (row-major, one
+                    # float a chunk): the candidate re-search then scores a deferred row again
+                    # only in the chunks that could hold a winner.
+                    chunk_best = tl.minimum(chunk_best, m1)
+                    if (k0 + BLOCK_K) % min_chunk == 0 or k0 + BLOCK_K >= k:
+                        tl.store(chunk_min_ptr + rows * tl.cdiv(k, min_chunk) + k0 // min_chunk, chunk_best, mask=row_mask)
+                        chunk_best = tl.full((BLOCK_N,), float("inf"), tl.float32)
                 j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
                 if CHECK:
                     rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
@@ -560,35 +571,35 @@ def _distance_of_key(key):
 
 
 @triton.jit
-def _candidate_kernel(
-    x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr,
-    cand_ptr, control_ptr, k, d, stride_xn, stride_xd, chunk, cand_cap, bound_coef, bias_coef,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
-    PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr,
+def _candidate_plan_kernel(
+    x_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr, chunk_min_ptr, list_ptr, top_ptr,
+    control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CP: tl.constexpr, HAS_MINS: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr,
 ):
-    """The exact mode's re-search, first step: which centroids could still beat a deferred row's
-    winner. Over the deferred rows (``row_index_ptr``, the first ``cand_cap`` of them), their
-    centroid chunk (program axis 1) is scored again by the fast product, one product per tile
-    where the 3xTF32 re-search takes three; a centroid is a candidate when what its score bounds
-    (``_distance_floor``, as the pass itself decides, inverted into a score threshold) is not above
-    the winner's direct distance, read from the row's key slot (``KEYS == 3``). Up to ``S`` candidates per row go to
-    ``cand_ptr``, their count to ``count_ptr[2 + slot]`` (cleared by the pass's preparation); a
-    row with more is re-searched in full (``_candidate_exact_kernel``)."""
+    """The exact mode's candidate re-search, first step: for each deferred row (``row_index_ptr``,
+    the first ``cand_cap``), the score at or under which a centroid could still beat the winner
+    (``top_ptr``), and the centroid chunks that could hold one. A centroid is a candidate when
+    what its score bounds (``_distance_floor``, as the pass itself decides, inverted into a score
+    threshold) is not above the winner's direct distance, read from the row's key slot
+    (``KEYS == 3``). With the pass's chunk minima (``HAS_MINS``: each row's lowest score in each
+    chunk), only chunks whose minimum is within the threshold are listed; else every chunk. Chunk
+    c's list holds slots at ``list_ptr + c * cand_cap``, its length at ``count_ptr[lists_at + c]``
+    (cleared by the pass's preparation)."""
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
     if go:
         row_count = tl.minimum(tl.load(count_ptr), cand_cap)
-        first = tl.program_id(1) * chunk
-        last = tl.minimum(first + chunk, k)
-        tile_cols = tl.arange(0, BLOCK_K)
+        tile_cols = tl.arange(0, 128)
         dims0 = tl.arange(0, BLOCK_D)
-        mma_dtype = c_mma_ptr.dtype.element_ty
+        chunk_ids = tl.arange(0, CP)
+        chunk_mask = chunk_ids < n_chunks
         # As in the pass's epilogue: the largest centroid norm, residual norm and |bias|.
-        c_norms = tl.zeros((BLOCK_K,), tl.float32)
-        residuals = tl.zeros((BLOCK_K,), tl.float32)
-        biases = tl.zeros((BLOCK_K,), tl.float32)
-        for k0 in range(0, k, BLOCK_K):
+        c_norms = tl.zeros((128,), tl.float32)
+        residuals = tl.zeros((128,), tl.float32)
+        biases = tl.zeros((128,), tl.float32)
+        for k0 in range(0, k, 128):
             kmask = k0 + tile_cols < k
             c_norms = tl.maximum(c_norms, tl.load(c_norm_ptr + k0 + tile_cols, mask=kmask, other=0.0))
             residuals = tl.maximum(residuals, tl.load(c_norm_ptr + k + k0 + tile_cols, mask=kmask, other=0.0))
@@ -621,6 +632,53 @@ def _candidate_kernel(
             top = tl.where(top >= 0, top / (1.0 - margin), top / (1.0 + margin))
             # (and room for this arithmetic's own roundings, on the magnitudes it cancels)
             top = top + 2.0 * margin * tl.abs(top) + 1e-6 * (reach * reach + x_sq) + 1e-30
+            tl.store(top_ptr + slots, top, mask=row_mask)
+            need = row_mask[:, None] & chunk_mask[None, :]
+            if HAS_MINS:
+                # The pass's scores carry the same error bound as the re-search's (same operands,
+                # fp32 sums of as many terms), so the same threshold holds for its minima.
+                mins = tl.load(chunk_min_ptr + rows[:, None] * n_chunks + chunk_ids[None, :], mask=need,
+                               other=float("inf"))
+                need = need & (mins <= top[:, None])
+            need_i = need.to(tl.int32)
+            in_chunk = tl.sum(need_i, axis=0)
+            base = tl.atomic_add(count_ptr + lists_at + chunk_ids, in_chunk, mask=chunk_mask & (in_chunk > 0),
+                                 sem="relaxed")
+            pos = base[None, :] + tl.cumsum(need_i, axis=0) - 1
+            tl.store(list_ptr + chunk_ids[None, :].to(tl.int64) * cand_cap + pos, slots[:, None] + tl.zeros_like(pos),
+                     mask=need)
+
+
+@triton.jit
+def _candidate_kernel(
+    x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, row_index_ptr, count_ptr, list_ptr, top_ptr, cand_ptr, control_ptr,
+    k, d, stride_xn, stride_xd, chunk, cand_cap, lists_at,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
+    PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_CONTROL: tl.constexpr,
+):
+    """The candidate re-search, second step: the rows listed for centroid chunk c (program axis 1;
+    ``_candidate_plan_kernel``) are scored again against its centroids by the fast product, one
+    product per tile where the 3xTF32 re-search takes three. Scores at or under the row's
+    threshold name candidates: up to ``S`` per row go to ``cand_ptr``, their count to
+    ``count_ptr[2 + slot]`` (cleared by the pass's preparation); a row with more is re-searched in
+    full (``_candidate_exact_kernel``)."""
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        c = tl.program_id(1)
+        listed = tl.load(count_ptr + lists_at + c)
+        first = c * chunk
+        last = tl.minimum(first + chunk, k)
+        tile_cols = tl.arange(0, BLOCK_K)
+        dims0 = tl.arange(0, BLOCK_D)
+        mma_dtype = c_mma_ptr.dtype.element_ty
+        for t in range(tl.program_id(0), tl.cdiv(listed, BLOCK_N), tl.num_programs(0)):
+            at = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_mask = at < listed
+            slots = tl.load(list_ptr + c.to(tl.int64) * cand_cap + at, mask=row_mask, other=0)
+            rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
+            top = tl.load(top_ptr + slots, mask=row_mask, other=float("-inf"))
             for k0 in range(first, last, BLOCK_K):
                 cols = k0 + tile_cols
                 col_mask = cols < last
@@ -766,13 +824,13 @@ def _assign_kernel(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride, control_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     go = True
@@ -783,10 +841,10 @@ def _assign_kernel(
                          c_norm_ptr, row_index_ptr, row_count_ptr,
                          labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
-                         n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
+                         n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND)
+                DISTANCE_BOUND, CHUNK_MINS)
 
 
 @triton.jit
@@ -795,13 +853,13 @@ def _assign_programs(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -830,10 +888,10 @@ def _assign_programs(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                 c_norm_ptr, row_index_ptr, row_count, tile_offset, searched_stride,
                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
+                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND)
+                DISTANCE_BOUND, CHUNK_MINS)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -843,10 +901,10 @@ def _assign_programs(
             pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
             c_norm_ptr, row_index_ptr, 0, tile_offset, searched_stride,
             labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-            n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts,
+            n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND)
+                DISTANCE_BOUND, CHUNK_MINS)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -1256,6 +1314,7 @@ class AssignPass:
         self.flag_count = torch.empty(1, dtype=torch.int32, device=device)
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
         self.cand_cap = 0
+        self.chunk_mins: torch.Tensor | None = None
         if self.small_d:
             self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
             # The centroid-chunk layout of the small-d search (``TORCHKM_SMALL_D_COLUMNS=0``: the
@@ -1337,12 +1396,17 @@ class AssignPass:
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
             if self.check:
                 self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3"), "SWAP": False}
-                # The re-search splits the centroids into up to 8 chunks, one program column each, so
+                # The re-search splits the centroids into chunks, one program column each, so
                 # that a few row tiles of deferred rows still fill the GPU (a pass over 32,768 rows
                 # defers a few thousand: 20 tiles of 128). Each row keeps its best (score, index) of
                 # every chunk in one key slot; the re-search launch then only runs the epilogue.
+                # Up to 8 chunks; 16 with the candidate re-search, which then skips more of them
+                # (chunk minima, below): H200, 1M x 768, k = 8192, Lloyd-2 centroids, exact pass
+                # fp32 61.4 -> 59.1 ms, bf16 39.4 -> 37.5 (scripts/diag_streamed.py, 2026-11-22).
                 block_k = self.recheck_cfg["BLOCK_K"]
-                chunks = min(int(os.environ.get("TORCHKM_RESEARCH_CHUNKS", "8")), triton.cdiv(k, 2 * block_k))
+                with_candidates = os.environ.get("TORCHKM_RESEARCH_CANDIDATES", "1") != "0"
+                chunks = min(int(os.environ.get("TORCHKM_RESEARCH_CHUNKS", "16" if with_candidates else "8")),
+                             triton.cdiv(k, 2 * block_k))
                 self.research_chunk = triton.cdiv(triton.cdiv(k, chunks), block_k) * block_k
                 self.research_chunks = triton.cdiv(k, self.research_chunk)
                 self.research_keys = torch.empty(n if self.research_chunks > 1 else 1, dtype=torch.int64,
@@ -1355,13 +1419,28 @@ class AssignPass:
                 # win. H200, 1M x 768, k = 8192, centroids after three Lloyd iterations (16-19 % of
                 # the rows deferred), scripts/diag_streamed.py: see BENCHMARKS.md.
                 # ``TORCHKM_RESEARCH_CANDIDATES=0``: every deferred row in 3xTF32 (experiments).
-                self.cand_cap = candidate_rows(n) if (
-                    self.research_chunks > 1 and os.environ.get("TORCHKM_RESEARCH_CANDIDATES", "1") != "0") else 0
+                self.cand_cap = candidate_rows(n) if self.research_chunks > 1 and with_candidates else 0
                 if self.cand_cap:
-                    # The deferred count, the rows left to the full re-search, and each row's candidates.
-                    self.flag_count = torch.empty(2 + self.cand_cap, dtype=torch.int32, device=device)
+                    # Counts: deferred rows, rows left to the full re-search, each row's candidates,
+                    # the rows listed for each centroid chunk (``lists_at`` on). Then each row's
+                    # candidates, its threshold, and the chunks' row lists: with 16 chunks, 132
+                    # bytes per candidate row (``candidate_rows``: half the rows), and 4 per row.
+                    self.lists_at = 2 + self.cand_cap
+                    self.flag_count = torch.empty(self.lists_at + self.research_chunks, dtype=torch.int32,
+                                                  device=device)
                     self.cand_ids = torch.empty(self.cand_cap * CANDIDATES, dtype=torch.int32, device=device)
+                    self.cand_tops = torch.empty(self.cand_cap, dtype=torch.float32, device=device)
+                    self.cand_lists = torch.empty(self.research_chunks * self.cand_cap, dtype=torch.int32,
+                                                  device=device)
                     self.full_slots = torch.empty(n, dtype=torch.int32, device=device)
+                    # The eager search also keeps each row's lowest score per chunk (4 bytes per
+                    # row and chunk), so that the candidate re-search skips the chunks that cannot
+                    # hold a winner. H200, 1M x 768, k = 8192, Lloyd-2 centroids, 8 chunks: candidate
+                    # products fp32 16.8 -> 7.2 ms, bf16 10.3 -> 5.2 (scripts/diag_streamed.py,
+                    # 2026-11-22). ``TORCHKM_CHUNK_MINS=0``: every chunk (experiments).
+                    if (self.cfg["EAGER"] and not self.cfg["SWAP"] and self.research_chunk % self.cfg["BLOCK_K"] == 0
+                            and os.environ.get("TORCHKM_CHUNK_MINS", "1") != "0"):
+                        self.chunk_mins = torch.empty(n * self.research_chunks, dtype=torch.float32, device=device)
         # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
         # pruned Lloyd's settle pass), so that one reduction sees both.
         self.extra_base = self.main_grid + self.recheck_grid
@@ -1523,6 +1602,7 @@ class AssignPass:
         bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
                                            packed=searched and hopper_search.packed(x, self.k))
         candidates = split_research and bool(self.cand_cap) and bool(bound_args["DISTANCE_BOUND"])
+        chunk_mins = candidates and self.chunk_mins is not None and bool(self.main_grid) and not searched
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
         # product's operands) spill registers.
         epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
@@ -1539,6 +1619,8 @@ class AssignPass:
                 row_index_ptr=spare("row_index", torch.int32) if rows is None else rows[0],
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1],
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
+                chunk_min_ptr=self.chunk_mins if chunk_mins else spare("chunk_mins"),
+                min_chunk=self.research_chunk if chunk_mins else 1, CHUNK_MINS=chunk_mins,
                 KEYS=(3 if candidates else 1) if split_research else 0, **bound_args,
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
@@ -1557,14 +1639,21 @@ class AssignPass:
             cfg = self.recheck_cfg
             split_grid = (max(1, self.recheck_grid // self.research_chunks), self.research_chunks)
             if candidates:
-                ccfg = candidate_config(x.dtype)
+                launcher(_candidate_plan_kernel)[(self.recheck_grid,)](
+                    x, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows, self.flag_count,
+                    keys, self.chunk_mins if chunk_mins else spare("chunk_mins"), self.cand_lists, self.cand_tops,
+                    control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunks,
+                    self.cand_cap, self.lists_at, bound_args["bound_coef"], bound_args["bias_coef"],
+                    BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
+                    HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None, num_warps=4,
+                )
                 launcher(_candidate_kernel)[split_grid](
                     x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),
-                    prepared.bias, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows,
-                    self.flag_count, keys, self.cand_ids, control_args["control_ptr"], self.k, d, x.stride(0),
-                    x.stride(1), self.research_chunk, self.cand_cap, bound_args["bound_coef"], bound_args["bias_coef"],
-                    S=CANDIDATES, PRECISION="tf32" if x.dtype == torch.float32 else "ieee", SPLIT=self.split,
-                    HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None, **ccfg,
+                    prepared.bias, self.flag_rows, self.flag_count, self.cand_lists, self.cand_tops, self.cand_ids,
+                    control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunk,
+                    self.cand_cap, self.lists_at, S=CANDIDATES,
+                    PRECISION="tf32" if x.dtype == torch.float32 else "ieee", SPLIT=self.split,
+                    HAS_CONTROL=control is not None, **candidate_config(x.dtype),
                 )
                 launcher(_candidate_exact_kernel)[(self.recheck_grid,)](
                     x, c32, given(offset, name="offset"), self.flag_rows, self.flag_count, keys, self.cand_ids,
@@ -1588,6 +1677,7 @@ class AssignPass:
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
                 flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
                 searched_ptr=spare("searched"), SEARCHED=False, tile_offset=0, searched_stride=0,
+                chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False,
                 SPLIT=False, part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
@@ -1600,8 +1690,8 @@ CANDIDATES = 16
 
 
 def candidate_rows(n: int) -> int:
-    """The most deferred rows of an ``n``-row pass the candidate re-search takes (its buffer holds
-    ``CANDIDATES`` int32 each: 32 bytes a row of the pass at most); the rest, and rows with more
+    """The most deferred rows of an ``n``-row pass the candidate re-search takes (its buffers hold
+    ``CANDIDATES`` int32, a threshold and a place in each chunk's list for each); the rest, and rows with more
     candidates, take the 3xTF32 re-search, many times its cost per row (H200, 1M x 768 bf16,
     k = 8192, 276,000 rows deferred: 16.4 + 3.0 ms with a cap of 2^18, 14.3 + 0.4 without; see
     BENCHMARKS.md). Half the rows, and never fewer than 2^18."""

@@ -349,6 +349,53 @@ def test_candidate_re_search_settles_deferred_rows_as_the_full_one(monkeypatch, 
     assert torch.equal(counts, full_counts)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_gpu_for_bf16)])
+def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
+    """Rows wider than the Hopper search (d = 300) through the eager search keep each row's lowest
+    score per re-search chunk; the candidate re-search then scores a deferred row again only in
+    the chunks that could hold a winner. Rows near a vector stored once in each of 4 chunks need
+    them all; rows near one stored three times in one chunk need that one. Labels, distances,
+    sums and counts equal those without the minima (``TORCHKM_CHUNK_MINS=0``, every chunk) and
+    float64's beyond ties, and fewer (row, chunk) pairs are listed."""
+    from torchkm._kernels.assign import AssignPass
+
+    n, d, k = 300, 300, 1000
+    x, c = _data(n, d, k, seed=37)
+    g = torch.Generator(device=DEVICE).manual_seed(37)
+    groups = [[5, 300, 600, 900], [10, 11, 12]]  # one copy in each of 4 chunks; 3 copies in chunk 0
+    for group, copies in enumerate(groups):
+        c[copies] = c[copies[0]].clone()
+        x[group * 20:(group + 1) * 20] = c[copies[0]] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    x = x.to(dtype)
+    results = {}
+    for mins in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_CHUNK_MINS", mins)
+        p = AssignPass(x, k, "exact", update=True, config={"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64,
+                                                          "num_warps": 4, "num_stages": 2, "EAGER": True})
+        assert p.cand_cap and (p.chunk_mins is not None) == (mins == "1") and not p.hopper
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+        p(x, c, offset=None, row_scale=None, raw_norms=x.float().norm(dim=1), sample_weight=None, prev_labels=None,
+          labels=labels, sq_dist=sq_dist)
+        deferred = int(p.flag_count[0])
+        listed = int(p.flag_count[p.lists_at:].sum())
+        results[mins] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), deferred, listed)
+    labels, sq_dist, sums, counts, deferred, listed = results["1"]
+    labels0, sq_dist0, sums0, counts0, deferred0, listed0 = results["0"]
+    assert deferred == deferred0 >= 40
+    assert listed0 == deferred0 * p.research_chunks == 4 * deferred0
+    assert deferred <= listed <= listed0 - 3 * 20
+    for group, copies in enumerate(groups):
+        assert (labels[group * 20:(group + 1) * 20] == copies[0]).all()
+    assert torch.equal(labels, labels0)
+    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
+    _check_labels(x.float(), c, labels, "exact")
+    ref_sums, ref_counts = update_reference(x.float(), labels, k)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sums, sums0, rtol=1e-6, atol=1e-6)
+    assert torch.equal(counts, counts0) and torch.equal(counts, ref_counts.to(counts.dtype))
+
+
 @pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("exact", "swap"), ("fast", "lazy"), ("fast", "swap")])
 def test_cosine_rows_are_scaled_as_they_are_read(precision, search):
     n, d, k = 150, 33, 9

@@ -25,9 +25,10 @@ import pytest
 WRITES = {
     "_prepare_kernel": {"bias_ptr", "bias_exact_ptr", "c_mma_ptr", "c_lo_ptr", "c_exact_ptr", "c_norm_ptr",
                         "zero_f32_ptr", "zero_f64_ptr", "zero_i32_ptr", "control_ptr"},
-    "_assign_kernel": {"acc_ptr", "flag_count_ptr", "flag_rows_ptr", "key_ptr", "labels_ptr", "lower_ptr",
-                       "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
+    "_assign_kernel": {"acc_ptr", "chunk_min_ptr", "flag_count_ptr", "flag_rows_ptr", "key_ptr", "labels_ptr",
+                       "lower_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
     "_research_kernel": {"key_ptr"},
+    "_candidate_plan_kernel": {"count_ptr", "list_ptr", "top_ptr"},
     "_candidate_kernel": {"count_ptr", "cand_ptr"},
     "_candidate_exact_kernel": {"count_ptr", "key_ptr", "slot_list_ptr"},
     "_assign_small_d_kernel": {"acc_ptr", "labels_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
@@ -106,8 +107,8 @@ def test_launches_write_only_their_outputs():
     assert child.returncode == 0, child.stderr[-4000:]
     results = json.loads(child.stdout.strip().splitlines()[-1])
     kernels = {r["kernel"] for r in results}
-    assert {"_prepare_kernel", "_assign_kernel", "_assign_small_d_kernel", "_research_kernel", "_candidate_kernel",
-            "_candidate_exact_kernel"} <= kernels
+    assert {"_prepare_kernel", "_assign_kernel", "_assign_small_d_kernel", "_research_kernel", "_candidate_plan_kernel",
+            "_candidate_kernel", "_candidate_exact_kernel"} <= kernels
     for r in results:
         extra = set(r["writes"]) - WRITES[r["kernel"]]
         assert not extra, f"{r['kernel']} in case {r['case']} counts {sorted(extra)} as written"
