@@ -35,9 +35,10 @@ Precision (``precision=``):
                distance itself, so it is small for the close centroids that decide), must leave a
                distance above the winner's. Labels then equal those of an fp32 computation up to
                ties within fp32 rounding. Over many centroids (a split re-search) the deferred rows
-               are first scored again with the fast product, and the centroids whose scores could
+               are first scored again with the fast product, in the centroid chunks whose lowest
+               score in the pass could hide a winner, and the centroids whose scores could
                still win (up to 16 a row) are compared by direct fp32 distances
-               (``_candidate_kernel``); only rows with more take the 3xTF32 products. Scaled (cosine) rows, and fp32 rows of at most 32
+               (``_candidate_plan_kernel``, ``_candidate_kernel``); only rows with more take the 3xTF32 products. Scaled (cosine) rows, and fp32 rows of at most 32
                features, use a cruder bound on the whole gap in raw-row units
                (``gap_bound_coefficient``; the best two compared directly only inside it); for
                scaled bf16 rows the centroids then enter as two bf16 parts (two products per
@@ -1251,12 +1252,15 @@ class AssignPass:
     for few clusters, so that programs do not queue on the same addresses) and the exact mode's
     deferred-row list (``flag_count``, ``flag_rows``, and ``research_keys``, one per listed row for
     the re-search split into centroid chunks). With the candidate re-search (``cand_cap`` > 0),
-    ``flag_count`` holds 2 + ``cand_cap`` counters: the deferred rows, the rows left to the full
-    re-search (listed in ``full_slots``), and each deferred row's candidates (in ``cand_ids``). The
+    ``flag_count`` holds 2 + ``cand_cap`` + ``research_chunks`` counters: the deferred rows, the
+    rows left to the full re-search (listed in ``full_slots``), each deferred row's candidates (in
+    ``cand_ids``), and the rows listed for each centroid chunk (from ``lists_at``; the lists in
+    ``cand_lists``, each row's threshold in ``cand_tops``). The eager search then also writes each
+    row's lowest score per chunk (``chunk_mins``, where its tiles align with the chunks). The
     accumulators and ``flag_count`` must be zero when a pass starts: each call clears them as part
     of the centroids' preparation (the search sets the keys of the rows it lists), so a pass is
-    three to six launches (preparation, search, candidates, their distances, chunked re-search,
-    re-search epilogue) and can be captured in a CUDA graph. ``scaled``: the
+    three to seven launches (preparation, search, candidate plan, candidates, their distances,
+    chunked re-search, re-search epilogue) and can be captured in a CUDA graph. ``scaled``: the
     passes will get a ``row_scale`` (cosine rows), which keep the gap bound of the exact mode (and
     for bf16, hi + lo centroids).
     """
