@@ -1427,8 +1427,9 @@ class AssignPass:
                 if self.cand_cap:
                     # Counts: deferred rows, rows left to the full re-search, each row's candidates,
                     # the rows listed for each centroid chunk (``lists_at`` on). Then each row's
-                    # candidates, its threshold, and the chunks' row lists: with 16 chunks, 132
-                    # bytes per candidate row (``candidate_rows``: half the rows), and 4 per row.
+                    # candidates, its threshold, and the chunks' row lists: with 16 chunks, 136
+                    # bytes per candidate slot (``candidate_rows``: half the rows), and ``full_slots``
+                    # 4 per row. With the chunk minima below, about 140 bytes per row of the pass.
                     self.lists_at = 2 + self.cand_cap
                     self.flag_count = torch.empty(self.lists_at + self.research_chunks, dtype=torch.int32,
                                                   device=device)
