@@ -109,7 +109,7 @@ def _tile(
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     # The lazy searches (and the Hopper search's record) also name a third candidate (``label3``,
@@ -137,6 +137,7 @@ def _tile(
     dims0 = tl.arange(0, BLOCK_D)
 
     tl.static_assert(not CHUNK_MINS or (EAGER and not SWAP and not SEARCHED), "chunk minima come from the eager search")
+    tl.static_assert(not PACK_KEYS or (EAGER and CHECK and DISTANCE_BOUND != 0), "packed keys: the eager exact search")
     if EAGER:
         # Per-row running best, its index, and (CHECK) the second best with its index and the
         # third-best score.
@@ -236,7 +237,20 @@ def _tile(
                                      input_precision=PRECISION)
             if EAGER:
                 # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
-                m1 = tl.min(acc, axis=1)
+                if CHECK and PACK_KEYS:
+                    # Each score's column in its lowest bits: one float minimum per candidate gives
+                    # the score with its column (ties in the upper bits to either), 9 operations a
+                    # score for the best three instead of 13. What the cleared bits hide is in the
+                    # bound (``AssignPass._bound_arguments``). Scores are capped below +inf
+                    # (padding), still above 3e38 ("none").
+                    low: tl.constexpr = BLOCK_K - 1
+                    key = ((tl.minimum(acc, 3.2e38).to(tl.int32, bitcast=True) & -BLOCK_K)
+                           | tile_cols[None, :]).to(tl.float32, bitcast=True)
+                    m1 = tl.min(key, axis=1)
+                    j1 = m1.to(tl.int32, bitcast=True) & low
+                else:
+                    m1 = tl.min(acc, axis=1)
+                    j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
                 if CHUNK_MINS:
                     # Each row's lowest score in every ``min_chunk`` centroids (row-major, one
                     # float a chunk): the candidate re-search then scores a deferred row again
@@ -245,12 +259,17 @@ def _tile(
                     if (k0 + BLOCK_K) % min_chunk == 0 or k0 + BLOCK_K >= k:
                         tl.store(chunk_min_ptr + rows * tl.cdiv(k, min_chunk) + k0 // min_chunk, chunk_best, mask=row_mask)
                         chunk_best = tl.full((BLOCK_N,), float("inf"), tl.float32)
-                j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
                 if CHECK:
-                    rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
-                    m2 = tl.min(rest, axis=1)
-                    j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
-                    m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                    if PACK_KEYS:
+                        rest = tl.where(key == m1[:, None], float("inf"), key)
+                        m2 = tl.min(rest, axis=1)
+                        j2 = m2.to(tl.int32, bitcast=True) & low
+                        m3 = tl.min(tl.where(rest == m2[:, None], float("inf"), rest), axis=1)
+                    else:
+                        rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
+                        m2 = tl.min(rest, axis=1)
+                        j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+                        m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
                     # Merge the sorted (best, second, third) with the tile's; running entries come from
                     # lower indices, so they win ties (strict comparisons).
                     tile_first = m1 < best
@@ -831,7 +850,7 @@ def _assign_kernel(
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     go = True
@@ -845,7 +864,7 @@ def _assign_kernel(
                          n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS)
 
 
 @triton.jit
@@ -860,7 +879,7 @@ def _assign_programs(
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -892,7 +911,7 @@ def _assign_programs(
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -905,7 +924,7 @@ def _assign_programs(
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -1606,6 +1625,19 @@ class AssignPass:
                         and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
         bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
                                            packed=searched and hopper_search.packed(x, self.k))
+        # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
+        # rows, whose centroids' rounding leaves far more room than the cleared bits take
+        # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).
+        packing = os.environ.get("TORCHKM_PACKED_KEYS", "auto")
+        pack_keys = (bool(self.main_grid) and not searched and bool(bound_args["DISTANCE_BOUND"])
+                     and self.cfg["EAGER"] and not self.cfg["SWAP"] and packing != "0"
+                     and (x.dtype != torch.float32 or packing == "1"))
+        if pack_keys:
+            # A key differs from its score by less than 2^BITS units in the last place: relative
+            # 2^(BITS - 23) of |score| <= |bias| + 2 ||x|| max||c~||, with the usual 1.25 factor.
+            cleared = 1.25 * 2.0 ** (int(self.cfg["BLOCK_K"]).bit_length() - 1 - 23)
+            bound_args = {**bound_args, "bound_coef": bound_args["bound_coef"] + 2.0 * cleared,
+                          "bias_coef": bound_args["bias_coef"] + cleared}
         candidates = split_research and bool(self.cand_cap) and bool(bound_args["DISTANCE_BOUND"])
         chunk_mins = candidates and self.chunk_mins is not None and bool(self.main_grid) and not searched
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
@@ -1625,7 +1657,7 @@ class AssignPass:
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1],
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
                 chunk_min_ptr=self.chunk_mins if chunk_mins else spare("chunk_mins"),
-                min_chunk=self.research_chunk if chunk_mins else 1, CHUNK_MINS=chunk_mins,
+                min_chunk=self.research_chunk if chunk_mins else 1, CHUNK_MINS=chunk_mins, PACK_KEYS=pack_keys,
                 KEYS=(3 if candidates else 1) if split_research else 0, **bound_args,
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
@@ -1682,7 +1714,7 @@ class AssignPass:
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
                 flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
                 searched_ptr=spare("searched"), SEARCHED=False, tile_offset=0, searched_stride=0,
-                chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False,
+                chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False, PACK_KEYS=False,
                 SPLIT=False, part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,

@@ -396,6 +396,47 @@ def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
     assert torch.equal(counts, counts0) and torch.equal(counts, ref_counts.to(counts.dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_gpu_for_bf16)])
+@pytest.mark.parametrize("k", [70, 1000])
+def test_packed_keys_keep_the_exact_labels(monkeypatch, dtype, k):
+    """The eager exact search with its best three as packed keys (a score's column in its lowest
+    bits; the default for 16-bit rows, ``TORCHKM_PACKED_KEYS=1`` forces it for fp32) gives the
+    labels, distances, sums and counts of the unpacked search, on rows with exact ties (centroids
+    stored twice or three times) and close calls; it defers at least as many rows (its bound is
+    wider by what the cleared bits hide)."""
+    from torchkm._kernels.assign import AssignPass
+
+    n, d = 300, 300  # beyond the Hopper search, which settles three candidates in the pass
+    x, c = _data(n, d, k, seed=41)
+    g = torch.Generator(device=DEVICE).manual_seed(41)
+    c[[3, 4, 5]] = c[3].clone()
+    c[[9, 60]] = c[9].clone()
+    x[:20] = c[3] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[20:40] = c[9] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[40:60] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(20, d, device=DEVICE, generator=g)
+    x = x.to(dtype)
+    config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
+    results = {}
+    for packed in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_PACKED_KEYS", packed)
+        p = AssignPass(x, k, "exact", update=True, config=config)
+        assert not p.hopper
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+        p(x, c, offset=None, row_scale=None, raw_norms=x.float().norm(dim=1), sample_weight=None, prev_labels=None,
+          labels=labels, sq_dist=sq_dist)
+        results[packed] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), int(p.flag_count[0]))
+    labels, sq_dist, sums, counts, deferred = results["1"]
+    labels0, sq_dist0, sums0, counts0, deferred0 = results["0"]
+    assert deferred >= deferred0 >= 20
+    assert (labels[:20] == 3).all() and (labels[20:40] == 9).all()
+    assert torch.equal(labels, labels0)
+    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
+    _check_labels(x.float(), c, labels, "exact")
+    torch.testing.assert_close(sums, sums0, rtol=1e-6, atol=1e-6)
+    assert torch.equal(counts, counts0)
+
+
 @pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("exact", "swap"), ("fast", "lazy"), ("fast", "swap")])
 def test_cosine_rows_are_scaled_as_they_are_read(precision, search):
     n, d, k = 150, 33, 9
