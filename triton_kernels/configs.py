@@ -4,8 +4,12 @@ The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py 
 (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]``) overrides it for experiments, and
 ``TORCHKM_RECHECK_CONFIG`` (same format) the exact mode's re-search, whose centroid chunks
 ``TORCHKM_RESEARCH_CHUNKS`` sets (default 8; see ``assign.AssignPass``). Also for experiments:
-``TORCHKM_BF16_SPLIT`` (``1``/``0``: bf16 centroids as hi + lo parts or not) and
-``TORCHKM_EXACT_BOUND=gap`` (the exact mode's bound on the whole gap instead of the distance bound).
+``TORCHKM_BF16_SPLIT`` (``1``/``0``: bf16 centroids as hi + lo parts or not),
+``TORCHKM_EXACT_BOUND=gap`` (the exact mode's bound on the whole gap instead of the distance bound),
+``TORCHKM_CANDIDATE_CONFIG`` (the candidate re-search's tiles, see ``candidate_config``),
+``TORCHKM_CHUNK_MINS=0`` (the candidate re-search scores every centroid chunk) and
+``TORCHKM_PACKED_KEYS`` (``1``/``0``: the eager exact search keeps packed keys for fp32 rows too /
+never; see ``assign.AssignPass``).
 """
 
 from __future__ import annotations
