@@ -23,7 +23,14 @@ changed-label counts of the tile, and optionally scatter-adds the rows into per-
 Lloyd iteration reads x once.
 
 Precision (``precision=``):
-  ``"fast"``   products in x's dtype on tensor cores: tf32 for fp32 input, native fp16/bf16.
+  ``"fast"``   products in x's dtype on tensor cores: tf32 for fp32 input, native fp16/bf16. Where
+               fp32 rows take the streamed eager search (rows wider than one feature chunk, not on
+               the Hopper search), they multiply fp16 operands instead: as many significant bits as
+               tf32 (11), at twice its rate. Rows and centroids are scaled by one power of two into
+               fp16's range (from the largest |x| and 2|c|, one small launch per pass), the rows
+               copied a chunk at a time (at most ``HALF_ROWS_BYTES``); the exact mode's bound keeps
+               tf32's operand error, with a floor on the row norm for fp16's subnormals
+               (``centroids.half_row_floor``). ``TORCHKM_HALF_OPERANDS=0``: tf32.
   ``"exact"``  the fast pass also keeps the best two candidates and the third-best score. Each
                row's best two are compared by direct fp32 distances. A row is re-searched with
                3xTF32 products against all centroids (persistent launches over just those rows,
@@ -85,7 +92,7 @@ from ._common import (
     transform_rows,
     unused,
 )
-from .centroids import _round_tf32, prepare_centroids
+from .centroids import _round_tf32, amax_parts, prepare_centroids
 from .configs import (
     assign_config,
     candidate_config,
@@ -103,13 +110,13 @@ def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count, tile_offset, searched_stride,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     # The lazy searches (and the Hopper search's record) also name a third candidate (``label3``,
@@ -138,6 +145,14 @@ def _tile(
 
     tl.static_assert(not CHUNK_MINS or (EAGER and not SWAP and not SEARCHED), "chunk minima come from the eager search")
     tl.static_assert(not PACK_KEYS or (EAGER and CHECK and DISTANCE_BOUND != 0), "packed keys: the eager exact search")
+    tl.static_assert(not HALF or (EAGER and RAW_MMA and not HAS_SCALE and not SPLIT and not SWAP and not ONE_CHUNK
+                                  and not HAS_ROW_INDEX and not SEARCHED),
+                     "fp16 operands for fp32 rows: the eager streamed search of raw rows, a chunk at a time")
+    if HALF:
+        # fp16 operands (``AssignPass``): rows scaled by s (a copy of the launch's chunk), the
+        # centroids and the bias by s and s^2 in ``prepare_centroids``; the tile's best scores are
+        # scaled back by s^-2.
+        half_unscale = tl.load(half_ptr + 1)
     if EAGER:
         # Per-row running best, its index, and (CHECK) the second best with its index and the
         # third-best score.
@@ -221,8 +236,13 @@ def _tile(
                 for d0 in range(0, d, BLOCK_D):
                     dims = d0 + dims0
                     dim_mask = dims < d
-                    if RAW_MMA:
+                    if RAW_MMA and not HALF:
                         x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                         mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                    elif HALF:
+                        # The launch's chunk of rows, scaled into fp16 by ``_half_rows_kernel``
+                        # (``xh_ptr``: contiguous, from row ``tile_offset * BLOCK_N``).
+                        x_tile = tl.load(xh_ptr + (rows - tile_offset * BLOCK_N)[:, None] * d + dims[None, :],
                                          mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
                     else:
                         x_tile = transform_rows(
@@ -251,6 +271,10 @@ def _tile(
                 else:
                     m1 = tl.min(acc, axis=1)
                     j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+                if HALF:
+                    # Back to the scores' unit: exact (a power of two), so a key keeps its column
+                    # bits; the capped padding stays above 3e38.
+                    m1 = tl.where(m1 >= 3.0e38, m1, m1 * half_unscale)
                 if CHUNK_MINS:
                     # Each row's lowest score in every ``min_chunk`` centroids (row-major, one
                     # float a chunk): the candidate re-search then scores a deferred row again
@@ -261,15 +285,19 @@ def _tile(
                         chunk_best = tl.full((BLOCK_N,), float("inf"), tl.float32)
                 if CHECK:
                     if PACK_KEYS:
-                        rest = tl.where(key == m1[:, None], float("inf"), key)
+                        # (by column: m1 may be scaled back already)
+                        rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), key)
                         m2 = tl.min(rest, axis=1)
                         j2 = m2.to(tl.int32, bitcast=True) & low
-                        m3 = tl.min(tl.where(rest == m2[:, None], float("inf"), rest), axis=1)
+                        m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
                     else:
                         rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
                         m2 = tl.min(rest, axis=1)
                         j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
                         m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                    if HALF:
+                        m2 = tl.where(m2 >= 3.0e38, m2, m2 * half_unscale)
+                        m3 = tl.where(m3 >= 3.0e38, m3, m3 * half_unscale)
                     # Merge the sorted (best, second, third) with the tile's; running entries come from
                     # lower indices, so they win ties (strict comparisons).
                     tile_first = m1 < best
@@ -347,6 +375,10 @@ def _tile(
     done = row_mask
     if CHECK:
         row_norm = tl.load(norm_ptr + rows, mask=row_mask, other=0.0)
+        if HALF:
+            # fp16's subnormals round by an absolute amount: the bound takes at least this norm
+            # (``centroids.half_row_floor``).
+            row_norm = tl.maximum(row_norm, tl.load(half_ptr + 2))
         # The largest centroid norm, residual norm and |bias| (a few cached loads per tile of rows).
         c_norms = tl.zeros((BLOCK_K,), tl.float32)
         residuals = tl.zeros((BLOCK_K,), tl.float32)
@@ -593,9 +625,9 @@ def _distance_of_key(key):
 @triton.jit
 def _candidate_plan_kernel(
     x_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr, chunk_min_ptr, list_ptr, top_ptr,
-    control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef,
+    control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef, half_ptr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CP: tl.constexpr, HAS_MINS: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr,
 ):
     """The exact mode's candidate re-search, first step: for each deferred row (``row_index_ptr``,
     the first ``cand_cap``), the score at or under which a centroid could still beat the winner
@@ -629,11 +661,13 @@ def _candidate_plan_kernel(
         bias_max = tl.max(biases, axis=0)
         margin = (d + 16) * 1.1920929e-07
         keys = key_ptr.to(tl.pointer_type(tl.uint64))
+        row_floor = tl.load(half_ptr + 2) if HALF else 0.0
         for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
             slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
             row_mask = slots < row_count
             rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
-            bound = bound_coef * tl.load(norm_ptr + rows, mask=row_mask, other=0.0) * c_norm_max + bias_coef * bias_max
+            row_norm = tl.maximum(tl.load(norm_ptr + rows, mask=row_mask, other=0.0), row_floor)
+            bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
             limit = _distance_of_key(tl.load(keys + slots, mask=row_mask, other=0)) * (1.0 + margin)
             x_sq = tl.zeros((BLOCK_N,), tl.float32)
             for d0 in range(0, d, BLOCK_D):
@@ -672,9 +706,9 @@ def _candidate_plan_kernel(
 @triton.jit
 def _candidate_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, row_index_ptr, count_ptr, list_ptr, top_ptr, cand_ptr, control_ptr,
-    k, d, stride_xn, stride_xd, chunk, cand_cap, lists_at,
+    k, d, stride_xn, stride_xd, chunk, cand_cap, lists_at, half_ptr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
-    PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_CONTROL: tl.constexpr,
+    PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr,
 ):
     """The candidate re-search, second step: the rows listed for centroid chunk c (program axis 1;
     ``_candidate_plan_kernel``) are scored again against its centroids by the fast product, one
@@ -693,12 +727,16 @@ def _candidate_kernel(
         tile_cols = tl.arange(0, BLOCK_K)
         dims0 = tl.arange(0, BLOCK_D)
         mma_dtype = c_mma_ptr.dtype.element_ty
+        # fp16 operands: the rows scaled by s as the pass's, so the scores are in units of s^-2.
+        half_scale = tl.load(half_ptr) if HALF else 1.0
         for t in range(tl.program_id(0), tl.cdiv(listed, BLOCK_N), tl.num_programs(0)):
             at = t * BLOCK_N + tl.arange(0, BLOCK_N)
             row_mask = at < listed
             slots = tl.load(list_ptr + c.to(tl.int64) * cand_cap + at, mask=row_mask, other=0)
             rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
             top = tl.load(top_ptr + slots, mask=row_mask, other=float("-inf"))
+            if HALF:
+                top = (top * half_scale) * half_scale
             for k0 in range(first, last, BLOCK_K):
                 cols = k0 + tile_cols
                 col_mask = cols < last
@@ -709,7 +747,10 @@ def _candidate_kernel(
                     dim_mask = dims < d
                     # The raw rows, as the pass's fast product multiplies them (the offset is in the bias).
                     x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
-                                     mask=row_mask[:, None] & dim_mask[None, :], other=0.0).to(mma_dtype)
+                                     mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                    if HALF:
+                        x_tile = x_tile * half_scale
+                    x_tile = x_tile.to(mma_dtype)
                     c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
                     c_mask = col_mask[:, None] & dim_mask[None, :]
                     acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
@@ -844,13 +885,13 @@ def _assign_kernel(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride, control_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     go = True
@@ -861,10 +902,10 @@ def _assign_kernel(
                          c_norm_ptr, row_index_ptr, row_count_ptr,
                          labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
-                         n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk,
+                         n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF)
 
 
 @triton.jit
@@ -873,13 +914,13 @@ def _assign_programs(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -895,7 +936,7 @@ def _assign_programs(
         # Persistent over a row list whose length is only known on the device (no host sync).
         row_count = tl.load(row_count_ptr)
         n_tiles = tl.cdiv(row_count, BLOCK_N)
-    elif SEARCHED:
+    elif SEARCHED or HALF:
         # One chunk of the rows, from tile ``tile_offset`` on (see AssignPass.__call__).
         row_count = 0
         n_tiles = tl.minimum(tl.cdiv(n, BLOCK_N) - tile_offset, searched_stride // BLOCK_N)
@@ -908,10 +949,10 @@ def _assign_programs(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                 c_norm_ptr, row_index_ptr, row_count, tile_offset, searched_stride,
                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
+                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -921,12 +962,32 @@ def _assign_programs(
             pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
             c_norm_ptr, row_index_ptr, 0, tile_offset, searched_stride,
             labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-            n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk,
+            n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
+
+
+@triton.jit
+def _half_rows_kernel(x_ptr, out_ptr, half_ptr, control_ptr, start, n, d, stride_xn, stride_xd,
+                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_CONTROL: tl.constexpr):
+    """Rows ``start``.. of x times the pass's scale s, as fp16 (contiguous): the operand of a chunk's
+    search with fp16 operands (``AssignPass``)."""
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        scale = tl.load(half_ptr)
+        local = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rows = start + local.to(tl.int64)
+        row_mask = rows < n
+        for d0 in range(0, d, BLOCK_D):
+            dims = d0 + tl.arange(0, BLOCK_D)
+            mask = row_mask[:, None] & (dims < d)[None, :]
+            v = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=mask, other=0.0)
+            tl.store(out_ptr + local.to(tl.int64)[:, None] * d + dims[None, :], (v * scale).to(tl.float16), mask=mask)
 
 
 @triton.jit
@@ -1338,6 +1399,7 @@ class AssignPass:
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
         self.cand_cap = 0
         self.chunk_mins: torch.Tensor | None = None
+        self.half = False
         if self.small_d:
             self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
             # The centroid-chunk layout of the small-d search (``TORCHKM_SMALL_D_COLUMNS=0``: the
@@ -1416,6 +1478,39 @@ class AssignPass:
             else:
                 self.hopper = self.overlap = False
                 self.searched, self.search_streams = None, ()
+            # fp32 rows through the streamed eager search multiply fp16 operands: the same 11
+            # significant bits as tf32, at twice its tensor-core rate. Rows and centroids are scaled
+            # by one power of two into fp16's range (``centroids.amax_parts``, ``_half_scale``: one
+            # small launch per pass reads x for its largest |x|); the exact mode's bound keeps tf32's
+            # operand error, which covers fp16's rounding and, with a floor on the row norm, its
+            # subnormals. ``TORCHKM_HALF_OPERANDS=0``: tf32 products (experiments).
+            self.half = (os.environ.get("TORCHKM_HALF_OPERANDS", "1") != "0" and x.dtype == torch.float32
+                         and self.fast and not self.split and not scaled and not self.hopper
+                         and cfg["EAGER"] and not cfg["SWAP"] and cfg["BLOCK_D"] < d)
+            if self.half and config is None:
+                # 16-bit operands: the 16-bit rows' streamed tiles (H200, 1M x 768, k = 8192, fused
+                # pass with feature chunks of 32 -> 64: fast 31.4 -> 28.7 ms, exact 42.7 -> 41.7).
+                tiles = assign_config(n, k, d, torch.float16, precision)
+                if tiles["EAGER"] and not tiles["SWAP"] and tiles["BLOCK_D"] < d and tiles["BLOCK_N"] == cfg["BLOCK_N"]:
+                    cfg.update({key: tiles[key] for key in ("BLOCK_K", "BLOCK_D", "num_warps", "num_stages")})
+            if self.half:
+                sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+                self.half_x_programs = max(1, min(4 * sms, triton.cdiv(n, 32)))
+                self.half_parts = torch.empty(self.half_x_programs + max(1, min(sms, triton.cdiv(k * d, 1024))),
+                                              dtype=torch.float32, device=device)
+                # The search reads an fp16 copy of its rows, made a chunk at a time (at most
+                # HALF_ROWS_BYTES, whole waves of one program per SM), so that x stays the only
+                # O(n d) tensor. (Scaling the fp32 tiles in the search itself, between their
+                # load and the product: H200, 1M x 768, k = 8192, fast pass 49.9 -> 47.1 ms only.)
+                block_n = cfg["BLOCK_N"]
+                waves = max(1, HALF_ROWS_BYTES // (sms * block_n * d * 2))
+                self.half_rows = min(triton.cdiv(n, block_n) * block_n, waves * sms * block_n)
+                self.half_chunks = triton.cdiv(n, self.half_rows)
+                chunk_tiles = self.half_rows // block_n
+                self.half_grid = (persistent_grid(chunk_tiles, num_persistent_programs(device))
+                                  if self.update == UPDATE_CARRY else chunk_tiles)
+                self.main_grid = max(self.main_grid, self.half_chunks * self.half_grid)
+                self.half_x: torch.Tensor | None = None  # allocated by the first call
             self.recheck_grid = num_persistent_programs(device) if self.check and self.main_grid else 0
             if self.check:
                 self.recheck_cfg = {"EAGER": False, **assign_config(n, k, d, torch.float32, "tf32x3"), "SWAP": False}
@@ -1518,6 +1613,27 @@ class AssignPass:
             if self.overlap:
                 read.append(caller.record_event())
 
+    def _half_chunks(self, x: torch.Tensor, prepared: Any, block_n: int, main: dict[str, Any],
+                     searched: torch.Tensor) -> None:
+        """The search with fp16 operands, chunk by chunk: each chunk's rows scaled into an fp16 copy
+        (``_half_rows_kernel``), then the pass's launch over that chunk, writing its own run of
+        partial slots."""
+        n, d = x.shape
+        if self.half_x is None:
+            self.half_x = torch.empty(self.half_rows, d, dtype=torch.float16, device=x.device)
+        block_r = 32
+        for chunk in range(self.half_chunks):
+            start = chunk * self.half_rows
+            launcher(_half_rows_kernel)[(triton.cdiv(min(self.half_rows, n - start), block_r),)](
+                x, self.half_x, prepared.half_scale, main["control_ptr"], start, n, d, x.stride(0), x.stride(1),
+                BLOCK_R=block_r, BLOCK_D=min(64, triton.next_power_of_2(d)), HAS_CONTROL=main["HAS_CONTROL"],
+            )
+            launcher(_assign_kernel)[(self.half_grid,)](
+                x, prepared.c_mma, **{**main, "xh_ptr": self.half_x}, searched_ptr=searched,
+                SEARCHED=False, part_base=chunk * self.half_grid, tile_offset=start // block_n,
+                searched_stride=self.half_rows,
+            )
+
     def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool, packed: bool = False) -> dict[str, Any]:
         # Unscaled rows: each score's error besides the centroids' rounding, which the kernel bounds
         # by the distance (``score_bound_coefficients``); scaled (cosine) rows, or
@@ -1559,9 +1675,14 @@ class AssignPass:
         if moves and (self.move_sums is None or prev_labels is None):
             raise ValueError("moves=True needs an AssignPass built with moves=True, and prev_labels")
         n, d = x.shape
+        # (Row lists, e.g. the bounds engine's, keep tf32 products: the fp16 copy is by chunks of rows.)
+        half = self.half and row_scale is None and rows is None and bool(self.main_grid)
+        if half:
+            amax_parts(x, c32, self.half_parts, self.half_x_programs)
         prepared = prepare_centroids(c32, offset, x.dtype, fast=self.fast and not self.small_d, split=self.split,
                                      exact=self.check or not (self.fast or self.small_d), zero=(self.acc, self.flag_count, *zero) if clear else (self.flag_count, *zero),
-                                     control=control, stats_prev=stats_prev, iteration=iteration, tol=tol)
+                                     control=control, stats_prev=stats_prev, iteration=iteration, tol=tol,
+                                     half_parts=self.half_parts if half else None)
         # Unused pointer arguments get a tensor each, and no tensor goes to two arguments (``unused``).
         dev = x.device
 
@@ -1631,7 +1752,7 @@ class AssignPass:
         packing = os.environ.get("TORCHKM_PACKED_KEYS", "auto")
         pack_keys = (bool(self.main_grid) and not searched and bool(bound_args["DISTANCE_BOUND"])
                      and self.cfg["EAGER"] and not self.cfg["SWAP"] and packing != "0"
-                     and (x.dtype != torch.float32 or packing == "1"))
+                     and (x.dtype != torch.float32 or half or packing == "1"))
         if pack_keys:
             # A key differs from its score by less than 2^BITS units in the last place: relative
             # 2^(BITS - 23) of |score| <= |bias| + 2 ||x|| max||c~||, with the usual 1.25 factor.
@@ -1658,14 +1779,18 @@ class AssignPass:
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
                 chunk_min_ptr=self.chunk_mins if chunk_mins else spare("chunk_mins"),
                 min_chunk=self.research_chunk if chunk_mins else 1, CHUNK_MINS=chunk_mins, PACK_KEYS=pack_keys,
+                half_ptr=prepared.half_scale if half else spare("half"), HALF=half,
+                xh_ptr=spare("xh", torch.float16),
                 KEYS=(3 if candidates else 1) if split_research else 0, **bound_args,
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
-                PRECISION=("tf32" if x.dtype == torch.float32 else "ieee") if self.fast else self.precision,
+                PRECISION=("tf32" if x.dtype == torch.float32 and not half else "ieee") if self.fast else self.precision,
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
             if searched:
                 self._searched_chunks(x, prepared, control, cfg["BLOCK_N"], main)
+            elif half:
+                self._half_chunks(x, prepared, cfg["BLOCK_N"], main, spare("searched"))
             else:
                 launcher(_assign_kernel)[(self.main_grid,)](
                     x, prepared.c_mma, searched_ptr=spare("searched"), SEARCHED=False, part_base=0, tile_offset=0,
@@ -1681,16 +1806,19 @@ class AssignPass:
                     keys, self.chunk_mins if chunk_mins else spare("chunk_mins"), self.cand_lists, self.cand_tops,
                     control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunks,
                     self.cand_cap, self.lists_at, bound_args["bound_coef"], bound_args["bias_coef"],
+                    prepared.half_scale if half else spare("half"),
                     BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
-                    HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None, num_warps=4,
+                    HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None, HALF=half,
+                    num_warps=4,
                 )
                 launcher(_candidate_kernel)[split_grid](
                     x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),
                     prepared.bias, self.flag_rows, self.flag_count, self.cand_lists, self.cand_tops, self.cand_ids,
                     control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunk,
-                    self.cand_cap, self.lists_at, S=CANDIDATES,
-                    PRECISION="tf32" if x.dtype == torch.float32 else "ieee", SPLIT=self.split,
-                    HAS_CONTROL=control is not None, **candidate_config(x.dtype),
+                    self.cand_cap, self.lists_at, prepared.half_scale if half else spare("half"), S=CANDIDATES,
+                    PRECISION="tf32" if x.dtype == torch.float32 and not half else "ieee", SPLIT=self.split,
+                    HAS_CONTROL=control is not None, HALF=half,
+                    **candidate_config(torch.float16 if half else x.dtype),
                 )
                 launcher(_candidate_exact_kernel)[(self.recheck_grid,)](
                     x, c32, given(offset, name="offset"), self.flag_rows, self.flag_count, keys, self.cand_ids,
@@ -1715,13 +1843,16 @@ class AssignPass:
                 flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
                 searched_ptr=spare("searched"), SEARCHED=False, tile_offset=0, searched_stride=0,
                 chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False, PACK_KEYS=False,
-                SPLIT=False, part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
+                half_ptr=spare("half"), xh_ptr=spare("xh", torch.float16), HALF=False, SPLIT=False,
+                part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
 
 
 SMALL_D = 8
+# The fp16 copy of a chunk of rows (fp32 rows with fp16 operands, ``AssignPass``): at most this many bytes.
+HALF_ROWS_BYTES = 1 << 28
 # The candidate re-search (``_candidate_kernel``): candidates kept per deferred row.
 CANDIDATES = 16
 

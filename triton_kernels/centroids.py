@@ -12,6 +12,7 @@ operations, which is what bounded small problems.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -20,7 +21,8 @@ import triton.language as tl
 
 from ._common import launcher, unused
 
-__all__ = ["Prepared", "finish_update", "finish_update_reference", "prepare_centroids", "prepare_centroids_reference",
+__all__ = ["Prepared", "amax_parts", "finish_update", "finish_update_reference", "half_row_floor", "half_scale_reference",
+           "prepare_centroids", "prepare_centroids_reference",
            "round_to_tf32", "shift_top_reference", "unpack_shift_top"]
 
 
@@ -45,15 +47,97 @@ def block_frozen(control_ptr, stats_prev_ptr, iteration, tol, CHECK_STOP: tl.con
     return frozen
 
 
+# fp16 operands for fp32 rows: the scaled rows and centroids stay below 2^15 (fp16's largest finite
+# value is 65504), and the scale within [2^-60, 2^60] so that s^2 and s^-2 are normal fp32 numbers.
+# (So values up to about 2^74 fit; fp32 squared distances overflow from 2^64 anyway.)
+HALF_TOP_EXPONENT = 14
+HALF_SCALE_LIMIT = 60
+_HALF_TOP_EXPONENT = tl.constexpr(HALF_TOP_EXPONENT)
+_HALF_SCALE_LIMIT = tl.constexpr(HALF_SCALE_LIMIT)
+
+
+@triton.jit
+def _half_scale(parts_ptr, n_parts, d):
+    """(s, row floor) from the partial maxima: s the power of two with s M in [2^14, 2^15) for M the
+    largest |x| and 2 |c| (1 for M = 0), clamped to [2^-60, 2^60]; the floor 2^-13 sqrt(d) / s (see
+    ``half_row_floor``)."""
+    offs = tl.arange(0, 256)
+    top = tl.zeros((256,), tl.float32)
+    for i in range(0, n_parts, 256):
+        top = tl.maximum(top, tl.load(parts_ptr + i + offs, mask=i + offs < n_parts, other=0.0))
+    m = tl.max(top, axis=0)
+    exponent = ((m.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    exponent = tl.where(m > 0, exponent, 0)
+    power = tl.minimum(tl.maximum(_HALF_TOP_EXPONENT - exponent, -_HALF_SCALE_LIMIT), _HALF_SCALE_LIMIT)
+    scale = ((power + 127) << 23).to(tl.float32, bitcast=True)
+    return scale, 2.0**-13 * tl.sqrt(d * 1.0) / scale
+
+
+@triton.jit
+def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, x_programs,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    # Programs [0, x_programs): the largest |x| over strided row blocks; the others: the largest 2 |c|
+    # over the flat centroids. One float each, reduced by ``_half_scale``.
+    pid = tl.program_id(0)
+    if pid < x_programs:
+        top = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+        rows0 = tl.arange(0, BLOCK_R)
+        dims0 = tl.arange(0, BLOCK_D)
+        for r0 in range(pid * BLOCK_R, n, x_programs * BLOCK_R):
+            rows = (r0 + rows0).to(tl.int64)
+            for d0 in range(0, d, BLOCK_D):
+                dims = d0 + dims0
+                v = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                            mask=(rows < n)[:, None] & (dims < d)[None, :], other=0.0)
+                top = tl.maximum(top, tl.abs(v.to(tl.float32)))
+        tl.store(out_ptr + pid, tl.max(tl.max(top, axis=1), axis=0))
+    else:
+        top_c = tl.zeros((BLOCK_C,), tl.float32)
+        offs = tl.arange(0, BLOCK_C)
+        n_c = tl.num_programs(0) - x_programs
+        for i in range((pid - x_programs) * BLOCK_C, kd, n_c * BLOCK_C):
+            v = tl.load(c_ptr + i + offs, mask=i + offs < kd, other=0.0)
+            top_c = tl.maximum(top_c, 2.0 * tl.abs(v))
+        tl.store(out_ptr + pid, tl.max(top_c, axis=0))
+
+
+def amax_parts(x: torch.Tensor | None, c32: torch.Tensor, out: torch.Tensor, x_programs: int) -> None:
+    """Partial maxima for fp16 operands into ``out`` (float32): the first ``x_programs`` of |x| (none
+    when ``x`` is None: ``out`` already holds them), the rest of 2 |c| for the contiguous fp32
+    centroids ``c32``; ``prepare_centroids(half_parts=out)`` reduces them."""
+    programs = out.numel()
+    if x is None:
+        c_programs, first = programs - x_programs, x_programs
+        launch_x = 0
+    else:
+        c_programs, first, launch_x = programs - x_programs, 0, x_programs
+    if c_programs < 1 or (x is not None and x_programs < 1):
+        raise ValueError("amax_parts: out needs a slot for every program")
+    n, d = x.shape if x is not None else (0, 1)
+    view = out[first:]
+    launcher(_amax_parts_kernel)[(launch_x + c_programs,)](
+        x if x is not None else c32, n, d, x.stride(0) if x is not None else 1, x.stride(1) if x is not None else 1,
+        c32, c32.numel(), view, launch_x, BLOCK_R=32, BLOCK_D=64, BLOCK_C=1024, num_warps=4)
+
+
+def half_row_floor(d: int, scale: float) -> float:
+    """The exact mode's floor on a row's norm with fp16 operands scaled by ``scale``: an element
+    below fp16's normal range (2^-14 / s) is rounded by up to 2^-25 / s, which adds at most
+    2^-24 sqrt(d) ||c|| / s to a score; with the row norm floored at 2^-13 sqrt(d) / s, the
+    operand term of the bound (``assign.score_bound_coefficients``, which allows tf32's 2^-10 for
+    fp16's 2^-11) covers it."""
+    return 2.0**-13 * d**0.5 / scale
+
+
 @triton.jit
 def _prepare_kernel(
     c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
     zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64,
-    control_ptr, stats_prev_ptr, iteration, tol,
+    control_ptr, stats_prev_ptr, iteration, tol, half_parts_ptr, n_half_parts, half_ptr,
     k, d,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_OFFSET: tl.constexpr, FAST: tl.constexpr,
     TF32: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr, HAS_CONTROL: tl.constexpr,
-    CHECK_STOP: tl.constexpr,
+    CHECK_STOP: tl.constexpr, HALF: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if HAS_CONTROL:
@@ -64,17 +148,27 @@ def _prepare_kernel(
         frozen = False
     if not frozen:
         _prepare_body(pid, c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
-                      zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64, k, d,
-                      BLOCK_K, BLOCK_D, HAS_OFFSET, FAST, TF32, SPLIT, EXACT)
+                      zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64,
+                      half_parts_ptr, n_half_parts, half_ptr, k, d,
+                      BLOCK_K, BLOCK_D, HAS_OFFSET, FAST, TF32, SPLIT, EXACT, HALF)
 
 
 @triton.jit
 def _prepare_body(
     pid, c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
-    zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64, k, d,
+    zero_f32_ptr, n_zero_f32, zero_i32_ptr, n_zero_i32, zero_f64_ptr, n_zero_f64,
+    half_parts_ptr, n_half_parts, half_ptr, k, d,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_OFFSET: tl.constexpr, FAST: tl.constexpr,
-    TF32: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr,
+    TF32: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr, HALF: tl.constexpr,
 ):
+    if HALF:
+        # The scale into fp16's range, from the partial maxima of |x| and 2 |c| (``amax_parts``):
+        # every program finds the same power of two.
+        scale, row_floor = _half_scale(half_parts_ptr, n_half_parts, d)
+        if pid == 0:
+            tl.store(half_ptr, scale)
+            tl.store(half_ptr + 1, (1.0 / scale) / scale)
+            tl.store(half_ptr + 2, row_floor)
     rows = pid * BLOCK_K + tl.arange(0, BLOCK_K)
     row_mask = rows < k
     dims0 = tl.arange(0, BLOCK_D)
@@ -91,7 +185,14 @@ def _prepare_body(
         norm_sq += tl.sum(c * c, axis=1)
         if FAST:
             # The tensor cores' operand: tf32-rounded for fp32 rows, rounded to the rows' dtype otherwise.
-            if TF32:
+            if HALF:
+                # fp16 of -2 s c (exact but for the rounding: s is a power of two), as the rows are
+                # scaled by s; ``hi`` is what that operand stands for in the centroids' unit.
+                h16 = (c * (-2.0 * scale)).to(tl.float16)
+                tl.store(c_mma_ptr + offs, h16, mask=mask)
+                hi = h16.to(tl.float32) * (-0.5 / scale)
+                hi64 = hi.to(tl.float64)
+            elif TF32:
                 hi = _round_tf32(c)
                 tl.store(c_mma_ptr + offs, hi * -2.0, mask=mask)
                 hi64 = hi.to(tl.float64)
@@ -119,7 +220,11 @@ def _prepare_body(
     if FAST:
         # ||c||^2 - 2 (x - m).c = (||c||^2 + 2 m.c) - 2 x.c, so the pass multiplies raw rows.
         bias = (sq + 2.0 * shift).to(tl.float32)
-        tl.store(bias_ptr + rows, bias, mask=row_mask)
+        if HALF:
+            # In the products' unit, s^2 (two steps: s^2 alone may overflow).
+            tl.store(bias_ptr + rows, (bias * scale) * scale, mask=row_mask)
+        else:
+            tl.store(bias_ptr + rows, bias, mask=row_mask)
         bias_abs = tl.abs(bias)
     if EXACT:
         tl.store(bias_exact_ptr + rows, sq_exact.to(tl.float32), mask=row_mask)
@@ -157,7 +262,11 @@ class Prepared(NamedTuple):
     centroids times -2 and ``||c||^2`` for the exact products (the re-search, and the reference
     precisions); ``c_norm``: the exact mode's rounding bound, float32 (3k,): the centroid norms,
     the norms of ``c - c_mma / -2`` (``- c_lo / -2`` too when split: what the pass's centroids leave
-    out), and ``|bias|`` (zero for the reference precisions).
+    out), and ``|bias|`` (zero for the reference precisions). ``half_scale``: with fp16 operands for
+    fp32 rows (``prepare_centroids(half_parts=...)``), float32 (3,): the power of two ``s`` by which
+    the rows and centroids are scaled into fp16's range, ``s^-2``, and the floor on a row's norm
+    in the exact mode's bound (``half_row_floor``); ``c_mma`` is then fp16 and scaled by ``s``, and
+    ``bias`` by ``s^2`` (the products' unit); ``c_norm`` stays unscaled. Else None.
     """
 
     c_mma: torch.Tensor
@@ -166,6 +275,7 @@ class Prepared(NamedTuple):
     c_exact: torch.Tensor
     bias_exact: torch.Tensor
     c_norm: torch.Tensor
+    half_scale: torch.Tensor | None = None
 
 
 def prepare_centroids(
@@ -181,6 +291,7 @@ def prepare_centroids(
     stats_prev: torch.Tensor | None = None,
     iteration: int = 0,
     tol: float = 0.0,
+    half_parts: torch.Tensor | None = None,
 ) -> Prepared:
     """Operands of the assignment pass for fp32 centroids ``c32`` (k, d), in one launch.
 
@@ -195,16 +306,25 @@ def prepare_centroids(
     first if that iteration changed no label with no empty cluster, moved the centroids by at most
     ``tol``, left a cluster empty, or if ``iteration >= control[1]``. Every later launch of the
     iteration checks the flag too.
+
+    ``half_parts`` (fp32 rows, ``fast``, no ``split``): the pass multiplies fp16 operands instead of
+    tf32 ones (as many significant bits, twice the tensor-core rate), rows and centroids scaled by
+    one power of two into fp16's range; the tensor holds ``amax_parts``' partial maxima, from which
+    every program finds the scale (``Prepared.half_scale``).
     """
     k, d = c32.shape
     device = c32.device
-    mma_dtype = x_dtype if fast else torch.float32
+    half = half_parts is not None
+    if half and (x_dtype != torch.float32 or not fast or split):
+        raise ValueError("fp16 operands (half_parts) are for the fast products of fp32 rows")
+    mma_dtype = (torch.float16 if half else x_dtype) if fast else torch.float32
     c_mma = torch.empty(k, d, dtype=mma_dtype, device=device) if fast else None
     c_lo = torch.empty(k, d, dtype=mma_dtype, device=device) if split else c_mma
     c_exact = torch.empty(k, d, dtype=torch.float32, device=device) if exact else None
     bias = torch.empty(k, dtype=torch.float32, device=device) if fast else None
     bias_exact = torch.empty(k, dtype=torch.float32, device=device) if exact else None
     c_norm = torch.empty(3 * k, dtype=torch.float32, device=device)
+    half_scale = torch.empty(3, dtype=torch.float32, device=device) if half else None
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
         raise ValueError("zero takes at most one contiguous tensor per dtype")
@@ -222,21 +342,49 @@ def prepare_centroids(
         given(zeros.get(torch.int32), torch.int32), zeros[torch.int32].numel() if torch.int32 in zeros else 0,
         given(zeros.get(torch.float64), torch.float64), zeros[torch.float64].numel() if torch.float64 in zeros else 0,
         given(control, torch.int32), given(stats_prev, torch.float64), iteration, tol,
+        given(half_parts), half_parts.numel() if half else 0, given(half_scale),
         k, d, BLOCK_K=block_k, BLOCK_D=block_d, HAS_OFFSET=offset is not None, FAST=fast,
         TF32=x_dtype == torch.float32, SPLIT=split, EXACT=exact, HAS_CONTROL=control is not None,
-        CHECK_STOP=stats_prev is not None,
+        CHECK_STOP=stats_prev is not None, HALF=half,
     )
     if not fast:  # the reference precisions multiply the fp32 centroids
         c_mma, c_lo, bias = c_exact, c_exact, bias_exact
     if not exact:
         c_exact, bias_exact = c_mma, bias
-    return Prepared(c_mma, c_lo, bias, c_exact, bias_exact, c_norm)
+    return Prepared(c_mma, c_lo, bias, c_exact, bias_exact, c_norm, half_scale)
+
+
+def half_scale_reference(x: torch.Tensor, c32: torch.Tensor) -> float:
+    """The power of two ``s`` of fp16 operands (``_half_scale``): ``s M`` in [2^14, 2^15) for M the
+    largest of |x| and 2 |c|, 1 for M = 0, clamped to [2^-60, 2^60]."""
+    m = max(float(x.float().abs().max()) if x.numel() else 0.0, 2.0 * float(c32.abs().max()) if c32.numel() else 0.0)
+    if m == 0.0:
+        return 1.0
+    exponent = math.frexp(m)[1] - 1  # m in [2^e, 2^(e + 1))
+    return 2.0 ** min(max(HALF_TOP_EXPONENT - exponent, -HALF_SCALE_LIMIT), HALF_SCALE_LIMIT)
 
 
 def prepare_centroids_reference(
-    c32: torch.Tensor, offset: torch.Tensor | None, x_dtype: torch.dtype, *, fast: bool, split: bool, exact: bool
+    c32: torch.Tensor, offset: torch.Tensor | None, x_dtype: torch.dtype, *, fast: bool, split: bool, exact: bool,
+    half_scale: float | None = None,
 ) -> Prepared:
-    """Pure-torch reference of ``prepare_centroids`` (without the clearing)."""
+    """Pure-torch reference of ``prepare_centroids`` (without the clearing); ``half_scale``: fp16
+    operands scaled by it (see ``half_scale_reference``)."""
+    if half_scale is not None:
+        s = half_scale
+        c_mma = (c32 * (-2.0 * s)).half()
+        hi64 = c_mma.double() * (-0.5 / s)
+        bias = hi64.pow(2).sum(1)
+        if offset is not None:
+            bias = bias + 2.0 * (hi64 @ offset.double())
+        residual = c32 - hi64.float()
+        c_norm = torch.cat([c32.norm(dim=1), residual.norm(dim=1), bias.float().abs()])
+        scale = torch.tensor([s, 1.0 / s / s, half_row_floor(c32.shape[1], s)], dtype=torch.float32,
+                             device=c32.device)
+        bias_scaled = (bias.float() * s) * s
+        c_exact = (c32 * -2).contiguous() if exact else c_mma
+        bias_exact = c32.double().pow(2).sum(1).float() if exact else bias_scaled
+        return Prepared(c_mma, c_mma, bias_scaled, c_exact, bias_exact, c_norm, scale)
     c_exact = (c32 * -2).contiguous()
     bias_exact = c32.double().pow(2).sum(1).float()
     norms = c32.norm(dim=1)

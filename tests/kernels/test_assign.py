@@ -437,6 +437,49 @@ def test_packed_keys_keep_the_exact_labels(monkeypatch, dtype, k):
     assert torch.equal(counts, counts0)
 
 
+@pytest.mark.parametrize("k", [70, 1000])
+@pytest.mark.parametrize("magnitude", [1.0, 1e-7, 3e5])
+def test_fp16_operands_keep_the_exact_labels(monkeypatch, k, magnitude):
+    """fp32 rows through the streamed eager search multiply fp16 operands scaled into its range
+    (the default; ``TORCHKM_HALF_OPERANDS=0``: tf32): the exact mode gives the labels, distances,
+    sums and counts of the tf32 products, at any magnitude, on exact ties, close calls and rows
+    far below the largest (whose features fall into fp16's subnormals: the bound's row floor);
+    the fast mode stays within its documented bound."""
+    from torchkm._kernels.assign import AssignPass
+
+    n, d = 300, 300
+    x, c = _data(n, d, k, seed=43)
+    g = torch.Generator(device=DEVICE).manual_seed(43)
+    c[[3, 4, 5]] = c[3].clone()
+    x[:20] = c[3] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[40:60] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[60:80] = x[60:80] * 2.0**-40 + c[11] * 2.0**-41  # tiny rows, nearest to the small centroid 11
+    c[11] = c[11] * 2.0**-41
+    x, c = x * magnitude, c * magnitude
+    config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
+    results = {}
+    for precision in ("exact", "fast"):
+        for half in ("1", "0"):
+            monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
+            p = AssignPass(x, k, precision, update=True, config=config)
+            assert p.half == (half == "1")
+            labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+            sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+            p(x, c, offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
+              labels=labels, sq_dist=sq_dist)
+            results[precision, half] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone())
+        _check_labels(x, c, results[precision, "1"][0], precision)
+    labels, sq_dist, sums, counts = results["exact", "1"]
+    labels0, sq_dist0, sums0, counts0 = results["exact", "0"]
+    assert (labels[:20] == 3).all() and (labels[60:80] == 11).all()
+    assert torch.equal(labels, labels0)
+    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
+    # (the GPU's atomics add in any order)
+    torch.testing.assert_close(sums, sums0, rtol=1e-5, atol=1e-4 * magnitude)
+    torch.testing.assert_close(sums, update_reference(x, labels, k)[0], rtol=1e-5, atol=1e-4 * magnitude)
+    assert torch.equal(counts, counts0)
+
+
 @pytest.mark.parametrize(("precision", "search"), [("exact", "eager"), ("exact", "swap"), ("fast", "lazy"), ("fast", "swap")])
 def test_cosine_rows_are_scaled_as_they_are_read(precision, search):
     n, d, k = 150, 33, 9
@@ -630,6 +673,8 @@ def test_no_launch_passes_one_tensor_for_two_pointer_arguments(monkeypatch, d, p
     out = assign(x, c, precision=precision, raw_norms=norms, config=_search_config(search, d), prev_labels=prev,
                  sums=sums, counts=counts)
     _check_labels(x, c, out.labels, precision)
-    assert len(launches) == (2 if d == 3 or precision == "fast" else 3)  # preparation, search(, re-search)
+    # (the maxima for fp16 operands,) preparation, search(, re-search)
+    half = search == "eager" and d > SMALL_TILES["BLOCK_D"]
+    assert len(launches) == (2 if d == 3 or precision == "fast" else 3) + 2 * half  # (and the fp16 copy)
     for ptrs in launches:
         assert len(set(ptrs)) == len(ptrs), "a tensor passed for two pointer arguments of one launch"

@@ -3,8 +3,10 @@
 import pytest
 import torch
 from torchkm._kernels.centroids import (
+    amax_parts,
     finish_update,
     finish_update_reference,
+    half_scale_reference,
     prepare_centroids,
     prepare_centroids_reference,
     shift_top_reference,
@@ -30,11 +32,55 @@ def test_prepare_matches_reference(k, d, x_dtype, mode):
     zero_f64 = torch.full((4,), 7.0, dtype=torch.float64, device=DEVICE)
     got = prepare_centroids(c, offset, x_dtype, fast=fast, split=split, exact=exact, zero=(zero_f32, zero_i32, zero_f64))
     want = prepare_centroids_reference(c, offset, x_dtype, fast=fast, split=split, exact=exact)
+    _assert_prepared_equal(got, want)
+    assert not zero_f32.any() and not zero_i32.any() and not zero_f64.any()
+
+
+def _assert_prepared_equal(got, want):
     for name, g_, w_ in zip(got._fields, got, want):
+        if w_ is None:
+            assert g_ is None, name
+            continue
         assert g_.dtype == w_.dtype, name
         # Bias sums run in float64 either way; only their last fp32 rounding may differ.
         torch.testing.assert_close(g_.float(), w_.float(), rtol=1e-6, atol=1e-6, msg=name)
-    assert not zero_f32.any() and not zero_i32.any() and not zero_f64.any()
+
+
+@pytest.mark.parametrize("k,d", [(1, 1), (7, 3), (33, 17), (5, 129), (300, 40)])
+@pytest.mark.parametrize("magnitude", [1.0, 3e-9, 7e4, 1e15, 1e-25])
+@pytest.mark.parametrize("exact", [True, False])
+def test_prepare_fp16_operands_match_reference(k, d, magnitude, exact):
+    """fp16 operands for fp32 rows: the scale from the partial maxima of |x| and 2 |c| (the rows'
+    maximum either side of the centroids'), centroids scaled into fp16's range, the bias in the
+    products' unit; data far outside fp16's range included (for 1e-25 the scale is clamped at 2^60:
+    the operands then sit low in fp16's range, many of them subnormal, as the reference's)."""
+    g = torch.Generator().manual_seed(k * 100 + d)
+    c = (torch.randn(k, d, generator=g) * magnitude).to(DEVICE)
+    offset = (torch.randn(d, generator=g) * magnitude).to(DEVICE)
+    for x_scale in (0.1, 10.0):  # below and above the centroids' maximum
+        x = (torch.randn(2 * k + 5, d, generator=g) * magnitude * x_scale).to(DEVICE)
+        parts = torch.full((7,), float("nan"), device=DEVICE)
+        amax_parts(x, c, parts, 4)
+        zero_f32 = torch.full((5,), 7.0, device=DEVICE)
+        got = prepare_centroids(c, offset, torch.float32, fast=True, split=False, exact=exact, zero=(zero_f32,),
+                                half_parts=parts)
+        scale = half_scale_reference(x, c)
+        top = scale * max(x.abs().max().item(), 2 * c.abs().max().item())
+        assert 2.0**14 <= top < 2.0**15 or (magnitude < 1e-20 and scale == 2.0**60)
+        want = prepare_centroids_reference(c, offset, torch.float32, fast=True, split=False, exact=exact,
+                                           half_scale=scale)
+        assert got.c_mma.dtype == torch.float16 and torch.isfinite(got.c_mma.float()).all()
+        _assert_prepared_equal(got, want)
+        assert not zero_f32.any()
+
+
+def test_prepare_fp16_operands_rejects_other_rows():
+    c = torch.randn(3, 4, device=DEVICE)
+    parts = torch.zeros(2, device=DEVICE)
+    with pytest.raises(ValueError, match="fp16 operands"):
+        prepare_centroids(c, None, torch.bfloat16, fast=True, split=False, exact=True, half_parts=parts)
+    with pytest.raises(ValueError, match="fp16 operands"):
+        prepare_centroids(c, None, torch.float32, fast=False, split=False, exact=True, half_parts=parts)
 
 
 @pytest.mark.parametrize("k,d,replicas", [(1, 1, 1), (7, 3, 4), (40, 17, 1), (5, 129, 2)])

@@ -24,7 +24,9 @@ import pytest
 # The outputs of each kernel (everything else it gets is read-only).
 WRITES = {
     "_prepare_kernel": {"bias_ptr", "bias_exact_ptr", "c_mma_ptr", "c_lo_ptr", "c_exact_ptr", "c_norm_ptr",
-                        "zero_f32_ptr", "zero_f64_ptr", "zero_i32_ptr", "control_ptr"},
+                        "zero_f32_ptr", "zero_f64_ptr", "zero_i32_ptr", "control_ptr", "half_ptr"},
+    "_amax_parts_kernel": {"out_ptr"},
+    "_half_rows_kernel": {"out_ptr"},
     "_assign_kernel": {"acc_ptr", "chunk_min_ptr", "flag_count_ptr", "flag_rows_ptr", "key_ptr", "labels_ptr",
                        "lower_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
     "_research_kernel": {"key_ptr"},
@@ -108,7 +110,7 @@ def test_launches_write_only_their_outputs():
     results = json.loads(child.stdout.strip().splitlines()[-1])
     kernels = {r["kernel"] for r in results}
     assert {"_prepare_kernel", "_assign_kernel", "_assign_small_d_kernel", "_research_kernel", "_candidate_plan_kernel",
-            "_candidate_kernel", "_candidate_exact_kernel"} <= kernels
+            "_candidate_kernel", "_candidate_exact_kernel", "_amax_parts_kernel", "_half_rows_kernel"} <= kernels
     for r in results:
         extra = set(r["writes"]) - WRITES[r["kernel"]]
         assert not extra, f"{r['kernel']} in case {r['case']} counts {sorted(extra)} as written"
