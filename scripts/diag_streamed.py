@@ -12,7 +12,8 @@ sampled rows, or with ``--lloyd-iters N`` the means after N Lloyd iterations fro
 rows those crowd near the origin, and more rows are close calls). Prints a table and writes JSON.
 
     python scripts/diag_streamed.py [--n 1000000 --d 768 --k 8192] [--configs 256,128,64,8,3,1 ...]
-        [--recheck-configs 128,128,32,8,4,1/8 ...] [--exact-env TORCHKM_RESEARCH_CANDIDATES=0] [--lloyd-iters 2]
+        [--recheck-configs 128,128,32,8,4,1/8 ...] [--exact-env TORCHKM_RESEARCH_CANDIDATES=0]
+        [--env TORCHKM_HALF_OPERANDS=0] [--lloyd-iters 2]
         [--json out.json]
 """
 
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=[], help="BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages,EAGER")
     parser.add_argument("--recheck-configs", nargs="*", default=[], help="re-search CONFIG/CHUNKS for the exact pass")
     parser.add_argument("--exact-env", nargs="*", default=[], help="VAR=VALUE: the exact pass under that setting too")
+    parser.add_argument("--env", nargs="*", default=[], help="VAR=VALUE: every mode's pass under that setting too")
     parser.add_argument("--lloyd-iters", type=int, default=0, help="centroids after this many Lloyd iterations")
     parser.add_argument("--calls", type=int, default=3, help="pass calls per captured graph")
     parser.add_argument("--json", default=None)
@@ -138,6 +140,7 @@ def main() -> None:
                     "ms": round(pass_ms(x, c, precision, args.calls, update=False), 3)})
             record({**base, "variant": f"{precision} default, kernels", "split": kernel_split(x, c, precision)})
             variants = [(cfg, {"TORCHKM_ASSIGN_CONFIG": cfg}) for cfg in args.configs]
+            variants += [(spec, dict([spec.split("=", 1)])) for spec in args.env]
             if precision == "exact":
                 variants += [(f"re-search {spec}", dict(zip(("TORCHKM_RECHECK_CONFIG", "TORCHKM_RESEARCH_CHUNKS"),
                                                             spec.split("/")))) for spec in args.recheck_configs]
@@ -151,7 +154,7 @@ def main() -> None:
                         got = check(x, c)
                         row.update(rechecked_pct=round(got["rechecked_pct"], 3),
                                    off_beyond_ties_pct=round(got["labels_off_beyond_ties_pct"], 4))
-                        if cfg in args.exact_env:
+                        if cfg in args.exact_env or cfg in args.env:
                             row["split"] = kernel_split(x, c, precision)
                 except OutOfResources as err:  # shared memory or registers
                     row = {**base, "variant": f"{precision} {cfg}", "error": type(err).__name__}
