@@ -101,23 +101,16 @@ def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, x_
         tl.store(out_ptr + pid, tl.max(top_c, axis=0))
 
 
-def amax_parts(x: torch.Tensor | None, c32: torch.Tensor, out: torch.Tensor, x_programs: int) -> None:
-    """Partial maxima for fp16 operands into ``out`` (float32): the first ``x_programs`` of |x| (none
-    when ``x`` is None: ``out`` already holds them), the rest of 2 |c| for the contiguous fp32
-    centroids ``c32``; ``prepare_centroids(half_parts=out)`` reduces them."""
-    programs = out.numel()
-    if x is None:
-        c_programs, first = programs - x_programs, x_programs
-        launch_x = 0
-    else:
-        c_programs, first, launch_x = programs - x_programs, 0, x_programs
-    if c_programs < 1 or (x is not None and x_programs < 1):
-        raise ValueError("amax_parts: out needs a slot for every program")
-    n, d = x.shape if x is not None else (0, 1)
-    view = out[first:]
-    launcher(_amax_parts_kernel)[(launch_x + c_programs,)](
-        x if x is not None else c32, n, d, x.stride(0) if x is not None else 1, x.stride(1) if x is not None else 1,
-        c32, c32.numel(), view, launch_x, BLOCK_R=32, BLOCK_D=64, BLOCK_C=1024, num_warps=4)
+def amax_parts(x: torch.Tensor, c32: torch.Tensor, out: torch.Tensor, x_programs: int) -> None:
+    """Partial maxima for fp16 operands into ``out`` (float32): the first ``x_programs`` of |x|
+    (any strides), the rest of 2 |c| for the contiguous fp32 centroids ``c32``;
+    ``prepare_centroids(half_parts=out)`` reduces them."""
+    if x_programs < 1 or out.numel() <= x_programs:
+        raise ValueError("amax_parts: out needs a slot for every program, x and centroids")
+    n, d = x.shape
+    launcher(_amax_parts_kernel)[(out.numel(),)](
+        x, n, d, x.stride(0), x.stride(1), c32, c32.numel(), out, x_programs, BLOCK_R=32, BLOCK_D=64, BLOCK_C=1024,
+        num_warps=4)
 
 
 def half_row_floor(d: int, scale: float) -> float:
