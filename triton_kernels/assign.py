@@ -1487,12 +1487,17 @@ class AssignPass:
             self.half = (os.environ.get("TORCHKM_HALF_OPERANDS", "1") != "0" and x.dtype == torch.float32
                          and self.fast and not self.split and not scaled and not self.hopper
                          and cfg["EAGER"] and not cfg["SWAP"] and cfg["BLOCK_D"] < d)
+            # The tiles of the passes that take fp16 operands; passes over row lists keep ``cfg`` (tf32).
+            self.half_cfg = cfg
             if self.half and config is None:
                 # 16-bit operands: the 16-bit rows' streamed tiles (H200, 1M x 768, k = 8192, fused
-                # pass with feature chunks of 32 -> 64: fast 31.4 -> 28.7 ms, exact 42.7 -> 41.7).
+                # pass with feature chunks of 32 -> 64: fast 31.4 -> 28.7 ms, exact 42.7 -> 41.7; in
+                # tf32 these tiles spill). Same rows and centroids a tile: the grid and the chunk
+                # minima do not depend on which tiles a pass takes.
                 tiles = assign_config(n, k, d, torch.float16, precision)
-                if tiles["EAGER"] and not tiles["SWAP"] and tiles["BLOCK_D"] < d and tiles["BLOCK_N"] == cfg["BLOCK_N"]:
-                    cfg.update({key: tiles[key] for key in ("BLOCK_K", "BLOCK_D", "num_warps", "num_stages")})
+                if (tiles["EAGER"] and not tiles["SWAP"] and tiles["BLOCK_D"] < d
+                        and (tiles["BLOCK_N"], tiles["BLOCK_K"]) == (cfg["BLOCK_N"], cfg["BLOCK_K"])):
+                    self.half_cfg = {**cfg, **{key: tiles[key] for key in ("BLOCK_D", "num_warps", "num_stages")}}
             if self.half:
                 sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
                 self.half_x_programs = max(1, min(4 * sms, triton.cdiv(n, 32)))
@@ -1765,7 +1770,7 @@ class AssignPass:
         # product's operands) spill registers.
         epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
         if self.main_grid:
-            cfg = self.cfg
+            cfg = self.half_cfg if half else self.cfg
             if searched:
                 # The epilogue only (no search): the eager search's variables take the record.
                 cfg = {**cfg, "EAGER": True, "SWAP": False, "num_stages": 1}
