@@ -26,9 +26,11 @@ Precision (``precision=``):
   ``"fast"``   products in x's dtype on tensor cores: tf32 for fp32 input, native fp16/bf16. Where
                fp32 rows take the streamed eager search (rows wider than one feature chunk, not on
                the Hopper search), they multiply fp16 operands instead: as many significant bits as
-               tf32 (11), at twice its rate. Rows and centroids are scaled by one power of two into
+               tf32 (11), at twice its rate; so do rows of a multiple of 8 features on the Hopper
+               search (unpacked there). Rows and centroids are scaled by one power of two into
                fp16's range (from the largest |x| and 2|c|, one small launch per pass), the rows
-               copied a chunk at a time (at most ``HALF_ROWS_BYTES``); the exact mode's bound keeps
+               copied a chunk at a time (at most ``HALF_ROWS_BYTES``; the Hopper search converts
+               its resident row tile itself); the exact mode's bound keeps
                tf32's operand error, with a floor on the row norm for fp16's subnormals
                (``centroids.half_row_floor``). ``TORCHKM_HALF_OPERANDS=0``: tf32.
   ``"exact"``  the fast pass also keeps the best two candidates and the third-best score. Each
@@ -145,13 +147,14 @@ def _tile(
 
     tl.static_assert(not CHUNK_MINS or (EAGER and not SWAP and not SEARCHED), "chunk minima come from the eager search")
     tl.static_assert(not PACK_KEYS or (EAGER and CHECK and DISTANCE_BOUND != 0), "packed keys: the eager exact search")
-    tl.static_assert(not HALF or (EAGER and RAW_MMA and not HAS_SCALE and not SPLIT and not SWAP and not ONE_CHUNK
-                                  and not HAS_ROW_INDEX and not SEARCHED),
-                     "fp16 operands for fp32 rows: the eager streamed search of raw rows, a chunk at a time")
+    tl.static_assert(not HALF or (RAW_MMA and not HAS_SCALE and not SPLIT and not HAS_ROW_INDEX
+                                  and (SEARCHED or (EAGER and not SWAP and not ONE_CHUNK))),
+                     "fp16 operands for fp32 rows: the eager streamed search of raw rows, a chunk at a time, "
+                     "or the Hopper search's record")
     if HALF:
         # fp16 operands (``AssignPass``): rows scaled by s (a copy of the launch's chunk), the
-        # centroids and the bias by s and s^2 in ``prepare_centroids``; the tile's best scores are
-        # scaled back by s^-2.
+        # centroids and the bias by s and s^2 in ``prepare_centroids``; the tile's best scores (or
+        # the Hopper search's record) are scaled back by s^-2.
         half_unscale = tl.load(half_ptr + 1)
     if EAGER:
         # Per-row running best, its index, and (CHECK) the second best with its index and the
@@ -191,135 +194,137 @@ def _tile(
             x_once_t = tl.trans(x_once)
     tl.static_assert(not SEARCHED or (EAGER and not SWAP and not HAS_ROW_INDEX),
                      "a searched pass reads its rows' results in the eager search's variables")
-    if KEYS == 2 or SEARCHED:
-        # The split re-search found each listed row's label, or the Hopper search each row's
-        # candidates: only the epilogue runs.
+    if KEYS == 2:
+        # The split re-search found each listed row's label: only the epilogue runs.
         search_end = 0
     else:
         search_end = k
-    for k0 in range(0, search_end, BLOCK_K):
-        cols = k0 + tile_cols
-        col_mask = cols < k
-        # Padded centroids score +inf, so they never win and never count as second best.
-        bias = tl.load(bias_ptr + cols, mask=col_mask, other=float("inf"))
-        if SWAP:
-            # (SWAP implies ONE_CHUNK, a lazy minimum and one product; see AssignPass.)
-            if RAW_MMA and HAS_SCALE:
-                acc_t = bias[:, None] * raw_norm[None, :]
-            else:
-                acc_t = tl.zeros((BLOCK_K, BLOCK_N), tl.float32) + bias[:, None]
-            c_offs = cols[:, None].to(tl.int64) * d + dims0[None, :]
-            c_mask = col_mask[:, None] & (dims0 < d)[None, :]
-            acc_t = tl.dot(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0), x_once_t, acc_t,
-                           input_precision=PRECISION)
-            better = acc_t < best_t
-            if CHECK:
-                second_t = tl.where(better, best_t, tl.minimum(second_t, acc_t))
-            best_t = tl.where(better, acc_t, best_t)
-            tile_t = tl.where(better, k0, tile_t)
-        else:
-            if RAW_MMA and HAS_SCALE:
-                # Raw rows, unit centroids: the score of row x is ||x|| (bias - 2 x_hat.c), same argmin.
-                acc = bias[None, :] * raw_norm[:, None]
-            else:
-                acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
-            if ONE_CHUNK:
-                # No loop over the features: the centroid tile's load is then pipelined across tiles.
+    # The Hopper search found each row's candidates (SEARCHED): no search is compiled, as the
+    # centroid operand may then be fp16 for fp32 rows (fp16 operands), which it would not take.
+    if not SEARCHED:
+        for k0 in range(0, search_end, BLOCK_K):
+            cols = k0 + tile_cols
+            col_mask = cols < k
+            # Padded centroids score +inf, so they never win and never count as second best.
+            bias = tl.load(bias_ptr + cols, mask=col_mask, other=float("inf"))
+            if SWAP:
+                # (SWAP implies ONE_CHUNK, a lazy minimum and one product; see AssignPass.)
+                if RAW_MMA and HAS_SCALE:
+                    acc_t = bias[:, None] * raw_norm[None, :]
+                else:
+                    acc_t = tl.zeros((BLOCK_K, BLOCK_N), tl.float32) + bias[:, None]
                 c_offs = cols[:, None].to(tl.int64) * d + dims0[None, :]
                 c_mask = col_mask[:, None] & (dims0 < d)[None, :]
-                acc = tl.dot(x_once, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
-                             input_precision=PRECISION)
-                if SPLIT:
-                    acc = tl.dot(x_once, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
-                                 input_precision=PRECISION)
+                acc_t = tl.dot(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0), x_once_t, acc_t,
+                               input_precision=PRECISION)
+                better = acc_t < best_t
+                if CHECK:
+                    second_t = tl.where(better, best_t, tl.minimum(second_t, acc_t))
+                best_t = tl.where(better, acc_t, best_t)
+                tile_t = tl.where(better, k0, tile_t)
             else:
-                for d0 in range(0, d, BLOCK_D):
-                    dims = d0 + dims0
-                    dim_mask = dims < d
-                    if RAW_MMA and not HALF:
-                        x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
-                                         mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
-                    elif HALF:
-                        # The launch's chunk of rows, scaled into fp16 by ``_half_rows_kernel``
-                        # (``xh_ptr``: contiguous, from row ``tile_offset * BLOCK_N``).
-                        x_tile = tl.load(xh_ptr + (rows - tile_offset * BLOCK_N)[:, None] * d + dims[None, :],
-                                         mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
-                    else:
-                        x_tile = transform_rows(
-                            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
-                            row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
-                    c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
-                    c_mask = col_mask[:, None] & dim_mask[None, :]
-                    acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                if RAW_MMA and HAS_SCALE:
+                    # Raw rows, unit centroids: the score of row x is ||x|| (bias - 2 x_hat.c), same argmin.
+                    acc = bias[None, :] * raw_norm[:, None]
+                else:
+                    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
+                if ONE_CHUNK:
+                    # No loop over the features: the centroid tile's load is then pipelined across tiles.
+                    c_offs = cols[:, None].to(tl.int64) * d + dims0[None, :]
+                    c_mask = col_mask[:, None] & (dims0 < d)[None, :]
+                    acc = tl.dot(x_once, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
                                  input_precision=PRECISION)
                     if SPLIT:
-                        acc = tl.dot(x_tile, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                        acc = tl.dot(x_once, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
                                      input_precision=PRECISION)
-            if EAGER:
-                # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
-                if CHECK and PACK_KEYS:
-                    # Each score's column in its lowest bits: one float minimum per candidate gives
-                    # the score with its column (ties in the upper bits to either), 9 operations a
-                    # score for the best three instead of 13. What the cleared bits hide is in the
-                    # bound (``AssignPass._bound_arguments``). Scores are capped below +inf
-                    # (padding), still above 3e38 ("none").
-                    low: tl.constexpr = BLOCK_K - 1
-                    key = ((tl.minimum(acc, 3.2e38).to(tl.int32, bitcast=True) & -BLOCK_K)
-                           | tile_cols[None, :]).to(tl.float32, bitcast=True)
-                    m1 = tl.min(key, axis=1)
-                    j1 = m1.to(tl.int32, bitcast=True) & low
                 else:
-                    m1 = tl.min(acc, axis=1)
-                    j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
-                if HALF:
-                    # Back to the scores' unit: exact (a power of two), so a key keeps its column
-                    # bits; the capped padding stays above 3e38.
-                    m1 = tl.where(m1 >= 3.0e38, m1, m1 * half_unscale)
-                if CHUNK_MINS:
-                    # Each row's lowest score in every ``min_chunk`` centroids (row-major, one
-                    # float a chunk): the candidate re-search then scores a deferred row again
-                    # only in the chunks that could hold a winner.
-                    chunk_best = tl.minimum(chunk_best, m1)
-                    if (k0 + BLOCK_K) % min_chunk == 0 or k0 + BLOCK_K >= k:
-                        tl.store(chunk_min_ptr + rows * tl.cdiv(k, min_chunk) + k0 // min_chunk, chunk_best, mask=row_mask)
-                        chunk_best = tl.full((BLOCK_N,), float("inf"), tl.float32)
-                if CHECK:
-                    if PACK_KEYS:
-                        # (by column: m1 may be scaled back already)
-                        rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), key)
-                        m2 = tl.min(rest, axis=1)
-                        j2 = m2.to(tl.int32, bitcast=True) & low
-                        m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                    for d0 in range(0, d, BLOCK_D):
+                        dims = d0 + dims0
+                        dim_mask = dims < d
+                        if RAW_MMA and not HALF:
+                            x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                             mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                        elif HALF:
+                            # The launch's chunk of rows, scaled into fp16 by ``_half_rows_kernel``
+                            # (``xh_ptr``: contiguous, from row ``tile_offset * BLOCK_N``).
+                            x_tile = tl.load(xh_ptr + (rows - tile_offset * BLOCK_N)[:, None] * d + dims[None, :],
+                                             mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                        else:
+                            x_tile = transform_rows(
+                                tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                                row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+                        c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
+                        c_mask = col_mask[:, None] & dim_mask[None, :]
+                        acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                                     input_precision=PRECISION)
+                        if SPLIT:
+                            acc = tl.dot(x_tile, tl.trans(tl.load(c_lo_ptr + c_offs, mask=c_mask, other=0.0)), acc,
+                                         input_precision=PRECISION)
+                if EAGER:
+                    # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
+                    if CHECK and PACK_KEYS:
+                        # Each score's column in its lowest bits: one float minimum per candidate gives
+                        # the score with its column (ties in the upper bits to either), 9 operations a
+                        # score for the best three instead of 13. What the cleared bits hide is in the
+                        # bound (``AssignPass._bound_arguments``). Scores are capped below +inf
+                        # (padding), still above 3e38 ("none").
+                        low: tl.constexpr = BLOCK_K - 1
+                        key = ((tl.minimum(acc, 3.2e38).to(tl.int32, bitcast=True) & -BLOCK_K)
+                               | tile_cols[None, :]).to(tl.float32, bitcast=True)
+                        m1 = tl.min(key, axis=1)
+                        j1 = m1.to(tl.int32, bitcast=True) & low
                     else:
-                        rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
-                        m2 = tl.min(rest, axis=1)
-                        j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
-                        m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                        m1 = tl.min(acc, axis=1)
+                        j1 = tl.min(tl.where(acc == m1[:, None], tile_cols[None, :], BLOCK_K), axis=1)
                     if HALF:
-                        m2 = tl.where(m2 >= 3.0e38, m2, m2 * half_unscale)
-                        m3 = tl.where(m3 >= 3.0e38, m3, m3 * half_unscale)
-                    # Merge the sorted (best, second, third) with the tile's; running entries come from
-                    # lower indices, so they win ties (strict comparisons).
-                    tile_first = m1 < best
-                    tile_second_a = m2 < best  # when the tile holds the new best
-                    tile_second_b = m1 < second  # when it does not
-                    third = tl.where(tile_first,
-                                     tl.where(tile_second_a, tl.minimum(best, m3), tl.minimum(second, m2)),
-                                     tl.where(tile_second_b, tl.minimum(second, m2), tl.minimum(third, m1)))
-                    label2 = tl.where(tile_first, tl.where(tile_second_a, k0 + j2, label),
-                                      tl.where(tile_second_b, k0 + j1, label2))
-                    second = tl.where(tile_first, tl.where(tile_second_a, m2, best),
-                                      tl.where(tile_second_b, m1, second))
-                better = m1 < best
-                best = tl.where(better, m1, best)
-                label = tl.where(better, k0 + j1, label)
-            else:
-                # Strictly better only: an equal score in a later tile keeps the lower index.
-                better = acc < best_t
-                if CHECK:
-                    second_t = tl.where(better, best_t, tl.minimum(second_t, acc))
-                best_t = tl.where(better, acc, best_t)
-                tile_t = tl.where(better, k0, tile_t)
+                        # Back to the scores' unit: exact (a power of two), so a key keeps its column
+                        # bits; the capped padding stays above 3e38.
+                        m1 = tl.where(m1 >= 3.0e38, m1, m1 * half_unscale)
+                    if CHUNK_MINS:
+                        # Each row's lowest score in every ``min_chunk`` centroids (row-major, one
+                        # float a chunk): the candidate re-search then scores a deferred row again
+                        # only in the chunks that could hold a winner.
+                        chunk_best = tl.minimum(chunk_best, m1)
+                        if (k0 + BLOCK_K) % min_chunk == 0 or k0 + BLOCK_K >= k:
+                            tl.store(chunk_min_ptr + rows * tl.cdiv(k, min_chunk) + k0 // min_chunk, chunk_best, mask=row_mask)
+                            chunk_best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+                    if CHECK:
+                        if PACK_KEYS:
+                            # (by column: m1 may be scaled back already)
+                            rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), key)
+                            m2 = tl.min(rest, axis=1)
+                            j2 = m2.to(tl.int32, bitcast=True) & low
+                            m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                        else:
+                            rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), acc)
+                            m2 = tl.min(rest, axis=1)
+                            j2 = tl.min(tl.where(rest == m2[:, None], tile_cols[None, :], BLOCK_K), axis=1)
+                            m3 = tl.min(tl.where(tile_cols[None, :] == j2[:, None], float("inf"), rest), axis=1)
+                        if HALF:
+                            m2 = tl.where(m2 >= 3.0e38, m2, m2 * half_unscale)
+                            m3 = tl.where(m3 >= 3.0e38, m3, m3 * half_unscale)
+                        # Merge the sorted (best, second, third) with the tile's; running entries come from
+                        # lower indices, so they win ties (strict comparisons).
+                        tile_first = m1 < best
+                        tile_second_a = m2 < best  # when the tile holds the new best
+                        tile_second_b = m1 < second  # when it does not
+                        third = tl.where(tile_first,
+                                         tl.where(tile_second_a, tl.minimum(best, m3), tl.minimum(second, m2)),
+                                         tl.where(tile_second_b, tl.minimum(second, m2), tl.minimum(third, m1)))
+                        label2 = tl.where(tile_first, tl.where(tile_second_a, k0 + j2, label),
+                                          tl.where(tile_second_b, k0 + j1, label2))
+                        second = tl.where(tile_first, tl.where(tile_second_a, m2, best),
+                                          tl.where(tile_second_b, m1, second))
+                    better = m1 < best
+                    best = tl.where(better, m1, best)
+                    label = tl.where(better, k0 + j1, label)
+                else:
+                    # Strictly better only: an equal score in a later tile keeps the lower index.
+                    better = acc < best_t
+                    if CHECK:
+                        second_t = tl.where(better, best_t, tl.minimum(second_t, acc))
+                    best_t = tl.where(better, acc, best_t)
+                    tile_t = tl.where(better, k0, tile_t)
 
     if SWAP:
         best = tl.min(best_t, axis=0)
@@ -369,6 +374,14 @@ def _tile(
                 label3 = tl.load(searched_ptr + 5 * searched_stride + slots, mask=row_mask,
                                  other=0.0).to(tl.int32, bitcast=True)
                 fourth = tl.load(searched_ptr + 6 * searched_stride + slots, mask=row_mask, other=float("inf"))
+        if HALF:
+            # Exact (a power of two; inf, "none", stays inf).
+            best = best * half_unscale
+            if CHECK:
+                second = second * half_unscale
+                third = third * half_unscale
+                if THIRD:
+                    fourth = fourth * half_unscale
     if KEYS == 2:
         label = _label_of_key(tl.load(key_ptr.to(tl.pointer_type(tl.uint64)) + slots, mask=row_mask, other=0))
     tl.static_assert(not DISTANCE_BOUND or (CHECK and not HAS_SCALE), "the distance bound is for unscaled rows")
@@ -1399,7 +1412,7 @@ class AssignPass:
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
         self.cand_cap = 0
         self.chunk_mins: torch.Tensor | None = None
-        self.half = False
+        self.half = self.hopper = False
         if self.small_d:
             self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
             # The centroid-chunk layout of the small-d search (``TORCHKM_SMALL_D_COLUMNS=0``: the
@@ -1484,12 +1497,23 @@ class AssignPass:
             # small launch per pass reads x for its largest |x|); the exact mode's bound keeps tf32's
             # operand error, which covers fp16's rounding and, with a floor on the row norm, its
             # subnormals. ``TORCHKM_HALF_OPERANDS=0``: tf32 products (experiments).
+            # The Hopper search takes them too, converting each row tile as it loads it (once per
+            # program, then resident); the fp16 centroids need 16-byte rows for TMA (d a multiple
+            # of 8). Unpacked there (the bias and row term as fp16 operands would overflow), so the
+            # fast mode keeps packed tf32 where rows fit its wide tiles (H200, Lloyd iteration, ms,
+            # tf32 -> fp16, bench_lloyd 2026-11-22: 1M x 128, k = 4096, exact 4.57 -> 4.34, fast
+            # 3.45 -> 3.56; 32,768 x 256, k = 8192, exact 0.97 -> 0.86, fast 0.84 -> 0.62, the
+            # search alone 0.80 -> 0.40). Not in traced passes.
+            hopper_half = (self.hopper and not self.traced and (self.check or d * x.element_size() > 512)
+                           and hopper_search.supported(x, k, scaled=False, split=False, row_list=False,
+                                                       dtype=torch.float16))
             self.half = (os.environ.get("TORCHKM_HALF_OPERANDS", "1") != "0" and x.dtype == torch.float32
-                         and self.fast and not self.split and not scaled and not self.hopper
-                         and cfg["EAGER"] and not cfg["SWAP"] and cfg["BLOCK_D"] < d)
+                         and self.fast and not self.split and not scaled
+                         and (hopper_half
+                              or (not self.hopper and cfg["EAGER"] and not cfg["SWAP"] and cfg["BLOCK_D"] < d)))
             # The tiles of the passes that take fp16 operands; passes over row lists keep ``cfg`` (tf32).
             self.half_cfg = cfg
-            if self.half and config is None:
+            if self.half and not self.hopper and config is None:
                 # 16-bit operands: the 16-bit rows' streamed tiles (H200, 1M x 768, k = 8192, fused
                 # pass with feature chunks of 32 -> 64: fast 31.4 -> 28.7 ms, exact 42.7 -> 41.7; in
                 # tf32 these tiles spill). Same rows and centroids a tile: the grid and the chunk
@@ -1503,6 +1527,7 @@ class AssignPass:
                 self.half_x_programs = max(1, min(4 * sms, triton.cdiv(n, 32)))
                 self.half_parts = torch.empty(self.half_x_programs + max(1, min(sms, triton.cdiv(k * d, 1024))),
                                               dtype=torch.float32, device=device)
+            if self.half and not self.hopper:
                 # The search reads an fp16 copy of its rows, made a chunk at a time (at most
                 # HALF_ROWS_BYTES, whole waves of one program per SM), so that x stays the only
                 # O(n d) tensor. (Scaling the fp32 tiles in the search itself, between their
@@ -1576,22 +1601,24 @@ class AssignPass:
             self.part_changed.zero_()
 
     def _searched_chunks(self, x: torch.Tensor, prepared: Any, control: torch.Tensor | None, block_n: int,
-                         main: dict[str, Any]) -> None:
+                         main: dict[str, Any], half: bool = False) -> None:
         """The Hopper search and the epilogue over it, chunk by chunk. With ``overlap``, chunk i's
         search runs on side stream i % 2 into record i % 2, once the epilogue that read that record
         (chunk i - 2's) is done: a search can start while the previous one drains and the
         epilogue runs. The caller's stream waits for every search it reads, so all work has joined
-        it on return (also under CUDA graph capture)."""
+        it on return (also under CUDA graph capture). ``half``: the search scales each row tile into
+        fp16 as it loads it, and the epilogue scales the record back."""
         if self.searched is None:
             self.searched = torch.empty(2 if self.overlap else 1, hopper_search.record_rows(self.check),
                                         self.chunk_rows, dtype=torch.float32, device=x.device)
         offset = main["offset_ptr"] if main["HAS_OFFSET"] else None
         # The packed search's centroid operand, once for all chunks (a traced search makes its own).
-        packed = hopper_search.packed(x, self.k) and not self.traced
+        packed = hopper_search.packed(x, self.k) and not self.traced and not half
         operands = hopper_search.search_operands(prepared.bias, x.dtype) if packed else None
         caller = torch.cuda.current_stream(x.device) if self.overlap else None
         for stream in self.search_streams:
             stream.wait_stream(caller)  # the prepared centroids, the control word
+        half_scale = prepared.half_scale if half else None
         read = []
         for chunk in range(self.n_chunks):
             start = chunk * self.chunk_rows
@@ -1602,7 +1629,8 @@ class AssignPass:
                     if chunk >= 2:
                         stream.wait_event(read[chunk - 2])
                     hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
-                                         check=self.check, control=control, offset=offset, operands=operands)
+                                         check=self.check, control=control, offset=offset, operands=operands,
+                                         half_scale=half_scale)
                 caller.wait_stream(stream)
             elif self.traced:
                 hopper_search.search_in_graph(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias,
@@ -1610,7 +1638,8 @@ class AssignPass:
                                               control=control, offset=offset)
             else:
                 hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
-                                     check=self.check, control=control, offset=offset, operands=operands)
+                                     check=self.check, control=control, offset=offset, operands=operands,
+                                     half_scale=half_scale)
             launcher(_assign_kernel)[(self.chunk_grid,)](
                 x, prepared.c_mma, searched_ptr=record, SEARCHED=True, part_base=chunk * self.chunk_grid,
                 tile_offset=start // block_n, searched_stride=self.chunk_rows, **main,
@@ -1680,8 +1709,12 @@ class AssignPass:
         if moves and (self.move_sums is None or prev_labels is None):
             raise ValueError("moves=True needs an AssignPass built with moves=True, and prev_labels")
         n, d = x.shape
+        searched = bool(self.main_grid and self.hopper and rows is None and row_scale is None
+                        and hopper_search.traced(x) == self.traced
+                        and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
         # (Row lists, e.g. the bounds engine's, keep tf32 products: the fp16 copy is by chunks of rows.)
-        half = self.half and row_scale is None and rows is None and bool(self.main_grid)
+        half = (self.half and row_scale is None and rows is None and bool(self.main_grid)
+                and (searched or not self.hopper))
         if half:
             amax_parts(x, c32, self.half_parts, self.half_x_programs)
         prepared = prepare_centroids(c32, offset, x.dtype, fast=self.fast and not self.small_d, split=self.split,
@@ -1746,11 +1779,8 @@ class AssignPass:
                           UPDATE=UPDATE_DELTA)
         split_research = bool(self.recheck_grid) and self.research_chunks > 1
         keys = self.research_keys if split_research else spare("keys", torch.int64)
-        searched = bool(self.main_grid and self.hopper and rows is None and row_scale is None
-                        and hopper_search.traced(x) == self.traced
-                        and hopper_search.supported(x, self.k, scaled=False, split=False, row_list=False))
         bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
-                                           packed=searched and hopper_search.packed(x, self.k))
+                                           packed=searched and not half and hopper_search.packed(x, self.k))
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).
@@ -1793,7 +1823,7 @@ class AssignPass:
                 ONE_CHUNK=cfg["BLOCK_D"] >= d, EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
             if searched:
-                self._searched_chunks(x, prepared, control, cfg["BLOCK_N"], main)
+                self._searched_chunks(x, prepared, control, cfg["BLOCK_N"], main, half)
             elif half:
                 self._half_chunks(x, prepared, cfg["BLOCK_N"], main, spare("searched"))
             else:

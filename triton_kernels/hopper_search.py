@@ -25,6 +25,12 @@ bits, and one float minimum keeps each slot's best score with its tile. H200, 1M
 search alone: fp32 3.75 -> 3.44 ms fast, 4.78 -> 3.97 exact; bf16 2.50 -> 2.19 and 3.44 -> 2.70.
 The record's values are then lowered by what the cleared bits and the row term's sum may hide.
 
+fp16 operands (``half_scale``, fp32 rows of a multiple of 8 features, see ``assign.py``): each
+program loads its fp32 row tile itself, scales it by the pass's power of two and stores it as fp16
+in shared memory, once, before the centroid tiles stream past it (unpacked: the bias and row term
+would overflow fp16 operands). The products then run at the 16-bit rate; the record is in the
+scaled units, which the epilogue scales back.
+
 GPU-only: Gluon does not run under ``TRITON_INTERPRET=1``. ``supported`` says when the launcher
 applies; everything else takes the ``tl.dot`` search.
 """
@@ -131,22 +137,25 @@ def mode() -> str | None:
     return "kernel" if available() else None
 
 
-def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: bool) -> bool:
+def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: bool,
+              dtype: torch.dtype | None = None) -> bool:
     """Whether ``search`` takes rows ``x`` and ``k`` centroids: 16- or 32-bit rows read as they are (no
     scale, no hi + lo centroids, no row list), contiguous and 16-byte aligned as TMA needs, the
     padded row of 64 to 256 features (one tile in shared memory), and more than one centroid tile
     (one leaves nothing to overlap). The prepared centroids are contiguous
-    (k, d) in x's dtype."""
+    (k, d) in x's dtype. ``dtype``: the search converts x's rows to that dtype as it loads them
+    (fp16 operands for fp32 rows, ``search``'s ``half_scale``), so x's own layout does not matter."""
     if scaled or split or row_list or x.dim() != 2:
         return False
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    dtype = dtype or x.dtype
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     n, d = x.shape
-    size = x.element_size()
+    size = dtype.itemsize
     d_pad = _padded(d)
     if d_pad < 64 or d_pad > 256 or (d * size) % 16:
         return False
-    if x.stride(1) != 1 or (x.stride(0) * size) % 16 or not _aligned(x):
+    if dtype == x.dtype and (x.stride(1) != 1 or (x.stride(0) * size) % 16 or not _aligned(x)):
         return False
     config = _config(size, d_pad)
     if min(_stages(size, d_pad, 16, _config(size, d_pad, check)) for check in (False, True)) < 2:
@@ -315,36 +324,57 @@ if gluon is not None:
         return hi, mid, rest - mid
 
     @gluon.jit
-    def _search_kernel(x_desc, c_desc, e_desc, bias_ptr, offset_ptr, best_ptr, label_ptr, second_ptr, label2_ptr,
-                       third_ptr, label3_ptr, fourth_ptr, control_ptr, n, k, d,
+    def _search_kernel(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr, best_ptr,
+                       label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr, fourth_ptr, control_ptr, n, k, d,
                        BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
                        INSTR_K: gl.constexpr, GROUP: gl.constexpr, HAS_CONTROL: gl.constexpr,
-                       PACKED: gl.constexpr, TILE_BITS: gl.constexpr, HAS_OFFSET: gl.constexpr,
+                       PACKED: gl.constexpr, TILE_BITS: gl.constexpr, HAS_OFFSET: gl.constexpr, HALF: gl.constexpr,
                        num_warps: gl.constexpr):
         if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
             if gl.load(control_ptr) == 0:
-                _search_rows(x_desc, c_desc, e_desc, bias_ptr, offset_ptr, best_ptr, label_ptr, second_ptr,
-                             label2_ptr, third_ptr, label3_ptr, fourth_ptr, n, k, d, BLOCK_N, BLOCK_K, STAGES, CHECK,
-                             INSTR_K, GROUP, PACKED, TILE_BITS, HAS_OFFSET, num_warps)
+                _search_rows(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr,
+                             best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr, fourth_ptr, n, k, d,
+                             BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, PACKED, TILE_BITS, HAS_OFFSET, HALF,
+                             num_warps)
         else:
-            _search_rows(x_desc, c_desc, e_desc, bias_ptr, offset_ptr, best_ptr, label_ptr, second_ptr, label2_ptr,
-                         third_ptr, label3_ptr, fourth_ptr, n, k, d, BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP,
-                         PACKED, TILE_BITS, HAS_OFFSET, num_warps)
+            _search_rows(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr, best_ptr,
+                         label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr, fourth_ptr, n, k, d, BLOCK_N,
+                         BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, PACKED, TILE_BITS, HAS_OFFSET, HALF, num_warps)
 
     @gluon.jit
-    def _search_rows(x_desc, c_desc, e_desc, bias_ptr, offset_ptr, best_ptr, label_ptr, second_ptr, label2_ptr,
-                     third_ptr, label3_ptr, fourth_ptr, n, k, d,
+    def _half_rows(x_ptr, stride_xn, stride_xd, half_ptr, x_smem, row0, n, d, BLOCK_N: gl.constexpr,
+                   DP: gl.constexpr, num_warps: gl.constexpr):
+        # fp32 rows times the pass's scale s, into the fp16 row tile (fp16 operands, see ``search``):
+        # the tile stays resident for every centroid tile, so this is one read of the rows.
+        rows_layout: gl.constexpr = gl.BlockedLayout([1, DP // 32], [1, 32], [num_warps, 1], [1, 0])
+        rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows_layout))
+        dims = gl.arange(0, DP, layout=gl.SliceLayout(0, rows_layout))
+        mask = gl.expand_dims(rows < n, 1) & gl.expand_dims(dims < d, 0)
+        offsets = gl.expand_dims(rows.to(gl.int64) * stride_xn, 1) + gl.expand_dims(dims.to(gl.int64) * stride_xd, 0)
+        values = gl.load(x_ptr + offsets, mask=mask, other=0.0)
+        x_smem.store((values * gl.load(half_ptr)).to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _search_rows(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr, best_ptr,
+                     label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr, fourth_ptr, n, k, d,
                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
                      INSTR_K: gl.constexpr, GROUP: gl.constexpr, PACKED: gl.constexpr, TILE_BITS: gl.constexpr,
-                     HAS_OFFSET: gl.constexpr, num_warps: gl.constexpr):
-        DP: gl.constexpr = x_desc.block_type.shape[1]
+                     HAS_OFFSET: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
+        # HALF: fp32 rows (``x_ptr``) multiplied as fp16 (``_half_rows``); ``x_desc`` is unused.
+        DP: gl.constexpr = c_desc.block_type.shape[1]
         EXTRA_K: gl.constexpr = e_desc.block_type.shape[1]
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_K, INSTR_K])
         row0 = gl.program_id(0) * BLOCK_N
         n_tiles = gl.cdiv(k, BLOCK_K)
 
-        x_smem = gl.allocate_shared_memory(x_desc.dtype, [BLOCK_N, DP], x_desc.layout)
+        if HALF:
+            x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DP], c_desc.dtype)
+            x_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N, DP], x_layout)
+        else:
+            x_smem = gl.allocate_shared_memory(x_desc.dtype, [BLOCK_N, DP], x_desc.layout)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [STAGES, BLOCK_K, DP], c_desc.layout)
         if PACKED:
             e_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, EXTRA_K], x_desc.dtype)
@@ -358,10 +388,13 @@ if gluon is not None:
         mbarrier.init(x_ready, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
-        mbarrier.expect(x_ready, x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [row0, 0], x_ready, x_smem)
+        if not HALF:
+            mbarrier.expect(x_ready, x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [row0, 0], x_ready, x_smem)
         for s in gl.static_range(STAGES):
             _refill(c_desc, e_desc, c_smem, ce_smem, ready, s, s, s < n_tiles, BLOCK_K, PACKED)
+        if HALF:  # while the first centroid tiles load
+            _half_rows(x_ptr, stride_xn, stride_xd, half_ptr, x_smem, row0, n, d, BLOCK_N, DP, num_warps)
 
         best_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
         tile_t = gl.full([BLOCK_N, BLOCK_K], 0, gl.int32, layout)
@@ -373,7 +406,8 @@ if gluon is not None:
         # in flight writes, and ptxas then serialises every product (C7514). Each product starts
         # from ``zero`` (fresh registers).
         zero = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
-        mbarrier.wait(x_ready, 0)
+        if not HALF:
+            mbarrier.wait(x_ready, 0)
         if PACKED:
             row_term = _row_term(x_smem, e_smem, offset_ptr, d, BLOCK_N, DP, EXTRA_K, HAS_OFFSET,
                                  x_desc.dtype == gl.float32, num_warps, layout)
@@ -550,12 +584,14 @@ def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.T
 
 
 def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
-                     control: torch.Tensor | None = None) -> None:
+                     control: torch.Tensor | None = None, half_scale: torch.Tensor | None = None) -> None:
     """``search`` in torch (fp32 products, an (n, k) score matrix: small sizes only); the same record,
     ties to the lowest index, with the scores' own values (as the unpacked search's)."""
     if control is not None and int(control.reshape(-1)[0]) != 0:
         return
     n = x.shape[0]
+    if half_scale is not None:
+        x = (x * half_scale[0]).half()
     scores = bias[None, :] + x.float() @ c_mma.float().T
     values, order = torch.sort(scores, dim=1, stable=True)
     labels = out.view(torch.int32)
@@ -571,7 +607,7 @@ def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
 
 def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
            control: torch.Tensor | None = None, offset: torch.Tensor | None = None,
-           operands: torch.Tensor | None = None) -> None:
+           operands: torch.Tensor | None = None, half_scale: torch.Tensor | None = None) -> None:
     """Write each row's search result into the first n columns of ``out`` (float32, (``record_rows``,
     m >= n), rows contiguous): rows 0-1 are the best score and its index (int32 bits); with
     ``check`` rows 2-6 are the second best and its index, a lower bound on every other score (the
@@ -581,29 +617,41 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     folded into it (None: zero). ``control``: an int32 word; the
     launch does nothing unless it is 0 (a frozen iteration of a replayed block). Where ``packed``,
     ``operands`` is ``search_operands(bias, x.dtype)`` (computed here if None) and the values are
-    lowered as ``packed`` states. Call only where
-    ``supported``. Under ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
+    lowered as ``packed`` states. ``half_scale`` (``centroids.Prepared.half_scale``): fp32 rows,
+    multiplied as fp16 operands; each program converts its row tile, times ``half_scale[0]``, as it
+    loads it (any strides), ``c_mma`` and ``bias`` are the preparation's fp16 ones, and the record
+    is in their units (``half_scale[0]^2`` times the scores'); never packed. Call only where
+    ``supported`` (with ``dtype=torch.float16`` for ``half_scale``). Under
+    ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
     if out.dim() != 2 or out.shape[0] < record_rows(check) or out.shape[1] < x.shape[0] or out.stride(1) != 1:
         raise ValueError(f"search record: expected ({record_rows(check)}, >= {x.shape[0]}) float32 with contiguous "
                          f"rows, got {tuple(out.shape)}")
+    half = half_scale is not None
+    if half and (x.dtype != torch.float32 or c_mma.dtype != torch.float16):
+        raise ValueError(f"fp16 operands (half_scale) take float32 rows and float16 centroids, got {x.dtype} and "
+                         f"{c_mma.dtype}")
     if mode() == "reference":
-        search_reference(x, c_mma, bias, out, check=check, control=control)
+        search_reference(x, c_mma, bias, out, check=check, control=control, half_scale=half_scale)
         return
     n, d = x.shape
     k = c_mma.shape[0]
-    size = x.element_size()
+    rows_dtype = c_mma.dtype if half else x.dtype
+    size = rows_dtype.itemsize
     d_pad = _padded(d)
     config = _config(size, d_pad, check)
     block_n, block_k, _, warps, group = config
-    is_packed = packed(x, k)
+    is_packed = not half and packed(x, k)
     extra = extra_k(x.dtype) if is_packed else 0
     # As many centroid stages as fit beside the row tile (``supported`` saw that two do).
     stages = _stages(size, d_pad, extra, config)
-    dtype = _gl_dtype(x.dtype)
-    x_layout = gl.NVMMASharedLayout.get_default_for([block_n, d_pad], dtype)
+    dtype = _gl_dtype(rows_dtype)
     c_layout = gl.NVMMASharedLayout.get_default_for([block_k, d_pad], dtype)
-    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, d_pad], x_layout)
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, d_pad], c_layout)
+    if half:
+        x_desc = c_desc  # unused: the kernel loads the rows itself
+    else:
+        x_layout = gl.NVMMASharedLayout.get_default_for([block_n, d_pad], dtype)
+        x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, d_pad], x_layout)
     if is_packed:
         if operands is None:
             operands = search_operands(bias, x.dtype)
@@ -616,11 +664,12 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     second, label2, third, label3, fourth = ((out[2], labels[3], out[4], labels[5], out[6]) if check
                                              else (out[0], labels[0], out[0], labels[0], out[0]))
     _search_kernel[(triton.cdiv(n, block_n),)](
-        x_desc, c_desc, e_desc, bias, bias if offset is None else offset, out[0], labels[1], second, label2, third,
+        x_desc, c_desc, e_desc, x, x.stride(0), x.stride(1), half_scale if half else bias, bias,
+        bias if offset is None else offset, out[0], labels[1], second, label2, third,
         label3, fourth, bias if control is None else control, n, k, d,
         BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size, GROUP=group,
         HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size, d) if is_packed else 1,
-        HAS_OFFSET=offset is not None, num_warps=warps,
+        HAS_OFFSET=offset is not None and is_packed, HALF=half, num_warps=warps,
     )
 
 

@@ -20,7 +20,7 @@ def searched(monkeypatch):
     reference = hopper_search.search_reference
 
     def spy(*args, **kwargs):
-        calls.append(args[0].shape)
+        calls.append((tuple(args[0].shape), kwargs.get("half_scale") is not None))
         return reference(*args, **kwargs)
 
     monkeypatch.setattr(hopper_search, "search_reference", spy)
@@ -181,6 +181,52 @@ def test_searched_pass_labels_and_distances(searched, precision, dtype):
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("d", "chunk"), [(128, None), (136, 128)])
+@pytest.mark.parametrize("magnitude", [1.0, 1e-7, 3e5])
+def test_searched_pass_with_fp16_operands(searched, monkeypatch, magnitude, d, chunk):
+    """fp32 rows of a multiple of 8 features: the search multiplies them scaled into fp16 (the
+    default; ``TORCHKM_HALF_OPERANDS=0``: tf32), chunk by chunk, and the epilogue scales its record
+    back. The exact mode gives the tf32 search's labels, distances and counts at any magnitude, on
+    exact ties, close calls and rows far below the largest; the fast mode stays within its bound
+    (and takes fp16 operands only for rows over 512 bytes). Rows of 100 features keep fp32 operands."""
+    if chunk:
+        monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk))
+    n, k = 300, 300
+    x, c = _data(n, d, k, seed=47)
+    g = torch.Generator(device=DEVICE).manual_seed(47)
+    c[[3, 4, 5]] = c[3].clone()
+    x[:20] = c[3] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[40:60] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[60:80] = x[60:80] * 2.0**-40 + c[11] * 2.0**-41
+    c[11] = c[11] * 2.0**-41
+    x, c = x * magnitude, c * magnitude
+    results = {}
+    for precision in ("exact", "fast"):
+        for half in ("1", "0"):
+            monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
+            searched.clear()
+            p = AssignPass(x, k, precision, update=True)
+            assert p.hopper and p.half == (half == "1" and (precision == "exact" or d > 128))
+            labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+            sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+            p(x, c, offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
+              labels=labels, sq_dist=sq_dist)
+            assert len(searched) == p.n_chunks and (p.n_chunks > 1) == bool(chunk)
+            assert {fp16 for _, fp16 in searched} == {p.half}
+            results[precision, half] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone())
+        _check_labels(x, c, results[precision, "1"][0], precision)
+    labels, sq_dist, sums, counts = results["exact", "1"]
+    labels0, sq_dist0, sums0, counts0 = results["exact", "0"]
+    assert (labels[:20] == 3).all() and (labels[60:80] == 11).all()
+    assert torch.equal(labels, labels0)
+    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
+    torch.testing.assert_close(sums, sums0, rtol=1e-5, atol=1e-4 * magnitude)
+    assert torch.equal(counts, counts0)
+    monkeypatch.setenv("TORCHKM_HALF_OPERANDS", "1")
+    x100, _ = _data(n, 100, k, seed=47)
+    assert not AssignPass(x100, k, "exact", update=True).half
+
+
 def test_row_lists_and_scaled_rows_keep_the_tl_dot_search(searched):
     n, d, k = 200, 64, 300
     x, c = _data(n, d, k, seed=3)
@@ -202,7 +248,8 @@ def test_row_lists_and_scaled_rows_keep_the_tl_dot_search(searched):
     (torch.float32, 64, 129), (torch.float32, 100, 1000), (torch.float32, 128, 4099),
     (torch.float32, 200, 1000), (torch.float32, 256, 4099),
     (torch.bfloat16, 64, 1000), (torch.bfloat16, 128, 300), (torch.bfloat16, 256, 4099),
-    (torch.float16, 128, 1000),
+    (torch.float16, 128, 1000), ("fp16 operands", 64, 1000), ("fp16 operands", 128, 4099),
+    ("fp16 operands", 256, 4099),
 ])
 def test_kernel_matches_reference(dtype, d, k, check):
     """Fresh random rows each run; every slot of the record poisoned first. The record's contract (the
@@ -212,25 +259,45 @@ def test_kernel_matches_reference(dtype, d, k, check):
     second best; a third index and a lower bound on the rest. The kernel keeps per slot (row, tile
     column) the best and second-lowest score, so its runner-up index is the true one unless the
     runner-up shares the winner's slot (then the bound equals the second best and the pass
-    re-searches the row); the same for the third."""
-    from torchkm._kernels.centroids import prepare_centroids
+    re-searches the row); the same for the third. "fp16 operands": fp32 rows (strided, of
+    magnitude 1e5) converted in the kernel, times the preparation's scale s; the record is in s^2
+    units and only the order of the fp32 sums differs from the reference on the converted rows."""
+    from torchkm._kernels.centroids import (
+        half_scale_reference,
+        prepare_centroids,
+        prepare_centroids_reference,
+    )
 
     n = 10_007
-    x = torch.randn(n, d, device="cuda").to(dtype)
-    c = x[torch.randperm(n, device="cuda")[:k]].float() + 0.01 * torch.randn(k, d, device="cuda")
-    prepared = prepare_centroids(c, None, dtype, fast=True, split=False, exact=False)
+    half = dtype == "fp16 operands"
+    if half:
+        dtype = torch.float32
+        x = (torch.randn(n, d + 3, device="cuda") * 1e5)[:, :d]
+    else:
+        x = torch.randn(n, d, device="cuda").to(dtype)
+    c = x[torch.randperm(n, device="cuda")[:k]].float() + 0.01 * x.abs().mean() * torch.randn(k, d, device="cuda")
     got = torch.full((7, n), float("nan"), device="cuda")
-    hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=check)
-    scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
+    if half:
+        s = half_scale_reference(x, c)
+        prepared = prepare_centroids_reference(c, None, dtype, fast=True, split=False, exact=False, half_scale=s)
+        assert hopper_search.supported(x, k, scaled=False, split=False, row_list=False, dtype=torch.float16)
+        hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=check, half_scale=prepared.half_scale)
+        rows = (x * s).half()
+        scale = (rows.float().norm(dim=1) * prepared.c_mma.float().norm(dim=1).max() / 2).double()
+    else:
+        prepared = prepare_centroids(c, None, dtype, fast=True, split=False, exact=False)
+        hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=check)
+        rows = x
+        scale = (x.float().norm(dim=1) * c.norm(dim=1).max()).double()
+    scores = prepared.bias.double()[None, :] + rows.double() @ prepared.c_mma.double().T
     top, order = torch.sort(scores, dim=1, stable=True)
-    scale = (x.float().norm(dim=1) * c.norm(dim=1).max()).double()
     # fp32 rows enter the products as tf32 (the reference keeps them); 16-bit operands are the
     # reference's own, so only the order of the fp32 sums differs.
-    tol = (2.0 ** -10 if dtype == torch.float32 else 2.0 ** -18) * 4 * scale
+    tol = (2.0 ** -10 if dtype == torch.float32 and not half else 2.0 ** -18) * 4 * scale
     # The packed search lowers values by at most what ``hopper_search.packed`` states (the tile's
     # bits cleared from the key, the row term's sum), and ties scores that agree to within them.
     slack = torch.zeros(n, dtype=torch.float64, device="cuda")
-    if hopper_search.packed(x, k):
+    if hopper_search.packed(x, k) and not half:
         term = (1 + hopper_search.ROW_MARGIN_VALUE) * x.double().pow(2).sum(1)
         bits = hopper_search.tile_bits(k, x.element_size(), d)
         slack = 2.0 ** (bits - 22) * (top[:, :4].abs().max(dim=1).values + term) + 2.0 ** -17 * term
@@ -250,7 +317,7 @@ def test_kernel_matches_reference(dtype, d, k, check):
         assert (scores.gather(1, labels[3][:, None]).squeeze(1) >= top[:, 1] - tol - slack).all()
         assert (record[4] <= top[:, 2] + tol).all()
         assert (record[4] >= top[:, 1] - tol - slack).all()
-        block_k = hopper_search._config(x.element_size())[1]
+        block_k = hopper_search._config(rows.element_size())[1]
         other_slot = order[:, 1] % block_k != order[:, 0] % block_k
         clear2 = clear & other_slot & ((top[:, 2] - top[:, 1]) > 2 * (tol + slack))
         assert (labels[3][clear2] == order[:, 1][clear2]).all()
@@ -353,6 +420,40 @@ def test_chunks_on_two_streams_match_one_chunk(monkeypatch, precision):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize(("d", "k"), [(64, 1000), (128, 4096), (256, 8192)])
+@pytest.mark.parametrize("magnitude", [1.0, 1e-6, 1e4])
+def test_kernel_pass_with_fp16_operands(monkeypatch, d, k, magnitude):
+    """The Gluon search over fp32 rows scaled into fp16 (the default for a multiple of 8 features;
+    in the fast mode for rows over 512 bytes), in chunks on two streams: the exact mode's labels,
+    distances and counts are those of the tf32 search (``TORCHKM_HALF_OPERANDS=0``), on fresh rows
+    with close calls and poisoned outputs, and agree with float64 on sampled rows; the fast mode's
+    labels stay within its bound."""
+    n = 70_001
+    x = torch.randn(n, d, device="cuda") * magnitude
+    c = x[torch.randperm(n, device="cuda")[:k]] + 0.01 * magnitude * torch.randn(k, d, device="cuda")
+    x[:999] = 0.5 * (c[:999] + c[1:1000]) + 1e-4 * magnitude * torch.randn(999, d, device="cuda")  # close calls
+    norms = x.norm(dim=1)
+    sample = torch.arange(0, n, 37, device="cuda")
+    results = {}
+    for precision in ("exact", "fast"):
+        for half in ("1", "0"):
+            monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
+            p = AssignPass(x, k, precision, update=True)
+            assert p.hopper and p.half == (half == "1" and (precision == "exact" or d > 128))
+            labels = torch.full((n,), -1, dtype=torch.int64, device="cuda")
+            sq_dist = torch.full((n,), float("nan"), device="cuda")
+            p(x, c, offset=None, row_scale=None, raw_norms=norms, sample_weight=None, prev_labels=None,
+              labels=labels, sq_dist=sq_dist)
+            results[precision, half] = (labels, sq_dist, p.acc_counts.sum(0).clone())
+        _check_labels(x[sample], c, results[precision, "1"][0][sample], precision)
+    labels, sq_dist, counts = results["exact", "1"]
+    assert (labels >= 0).all() and not sq_dist.isnan().any()
+    assert torch.equal(labels, results["exact", "0"][0])
+    torch.testing.assert_close(sq_dist, results["exact", "0"][1], rtol=0, atol=0)
+    assert torch.equal(counts, results["exact", "0"][2])
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_pass_with_an_offset(dtype):
     """Rows around a mean of 3, the exact pass told the mean (``offset``, which the packed search's
@@ -402,6 +503,8 @@ def test_compiled_pass_takes_the_kernel(precision, dtype, monkeypatch, tmp_path)
     compiled = torch.compile(lambda a, b: torchkm.assign(a, b, precision=precision), fullgraph=True)
     (labels, dist), code = run_and_get_code(compiled, x, c)
     assert "torchkm.hopper_search" in "\n".join(code)
+    # (A traced pass keeps tf32 products; by default the eager one multiplies fp32 rows in fp16.)
+    monkeypatch.setenv("TORCHKM_HALF_OPERANDS", "0")
     eager = torchkm.assign(x, c, precision=precision)
     # Inductor centres the rows on its own sum of the centroids: last-bit differences may settle a
     # near-tie the other way.
