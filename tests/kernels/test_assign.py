@@ -448,14 +448,7 @@ def test_fp16_operands_keep_the_exact_labels(monkeypatch, k, magnitude):
     from torchkm._kernels.assign import AssignPass
 
     n, d = 300, 300
-    x, c = _data(n, d, k, seed=43)
-    g = torch.Generator(device=DEVICE).manual_seed(43)
-    c[[3, 4, 5]] = c[3].clone()
-    x[:20] = c[3] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
-    x[40:60] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(20, d, device=DEVICE, generator=g)
-    x[60:80] = x[60:80] * 2.0**-40 + c[11] * 2.0**-41  # tiny rows, nearest to the small centroid 11
-    c[11] = c[11] * 2.0**-41
-    x, c = x * magnitude, c * magnitude
+    x, c = _fp16_operand_rows(n, d, k, 43, magnitude)
     config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
     results = {}
     for precision in ("exact", "fast"):
@@ -469,6 +462,26 @@ def test_fp16_operands_keep_the_exact_labels(monkeypatch, k, magnitude):
               labels=labels, sq_dist=sq_dist)
             results[precision, half] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone())
         _check_labels(x, c, results[precision, "1"][0], precision)
+    _check_fp16_against_tf32(results, x, k, magnitude)
+
+
+def _fp16_operand_rows(n: int, d: int, k: int, seed: int, magnitude: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows and centroids for fp16 operands: exact ties (centroid 3 stored three times), close calls
+    (midpoints of 7 and 8), and rows 2^-40 below the rest nearest to a centroid as small (11),
+    whose features fall into fp16's subnormals; all times ``magnitude``."""
+    x, c = _data(n, d, k, seed=seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    c[[3, 4, 5]] = c[3].clone()
+    x[:20] = c[3] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[40:60] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(20, d, device=DEVICE, generator=g)
+    x[60:80] = x[60:80] * 2.0**-40 + c[11] * 2.0**-41
+    c[11] = c[11] * 2.0**-41
+    return x * magnitude, c * magnitude
+
+
+def _check_fp16_against_tf32(results: dict, x: torch.Tensor, k: int, magnitude: float) -> None:
+    """The exact pass with fp16 operands (``results["exact", "1"]``: labels, distances, sums, counts)
+    against tf32 products (``results["exact", "0"]``) on ``_fp16_operand_rows``."""
     labels, sq_dist, sums, counts = results["exact", "1"]
     labels0, sq_dist0, sums0, counts0 = results["exact", "0"]
     assert (labels[:20] == 3).all() and (labels[60:80] == 11).all()

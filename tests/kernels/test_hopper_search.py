@@ -7,7 +7,13 @@ from torchkm._kernels import hopper_search
 from torchkm._kernels.assign import AssignPass, assign
 
 from tests.kernels.conftest import DEVICE, ON_GPU
-from tests.kernels.test_assign import _check_fused_pass, _check_labels, _data
+from tests.kernels.test_assign import (
+    _check_fp16_against_tf32,
+    _check_fused_pass,
+    _check_labels,
+    _data,
+    _fp16_operand_rows,
+)
 
 ON_HOPPER = ON_GPU and hopper_search.available()
 
@@ -192,14 +198,7 @@ def test_searched_pass_with_fp16_operands(searched, monkeypatch, magnitude, d, c
     if chunk:
         monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk))
     n, k = 300, 300
-    x, c = _data(n, d, k, seed=47)
-    g = torch.Generator(device=DEVICE).manual_seed(47)
-    c[[3, 4, 5]] = c[3].clone()
-    x[:20] = c[3] + 1e-3 * torch.randn(20, d, device=DEVICE, generator=g)
-    x[40:60] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(20, d, device=DEVICE, generator=g)
-    x[60:80] = x[60:80] * 2.0**-40 + c[11] * 2.0**-41
-    c[11] = c[11] * 2.0**-41
-    x, c = x * magnitude, c * magnitude
+    x, c = _fp16_operand_rows(n, d, k, 47, magnitude)
     results = {}
     for precision in ("exact", "fast"):
         for half in ("1", "0"):
@@ -215,13 +214,7 @@ def test_searched_pass_with_fp16_operands(searched, monkeypatch, magnitude, d, c
             assert {fp16 for _, fp16 in searched} == {p.half}
             results[precision, half] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone())
         _check_labels(x, c, results[precision, "1"][0], precision)
-    labels, sq_dist, sums, counts = results["exact", "1"]
-    labels0, sq_dist0, sums0, counts0 = results["exact", "0"]
-    assert (labels[:20] == 3).all() and (labels[60:80] == 11).all()
-    assert torch.equal(labels, labels0)
-    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
-    torch.testing.assert_close(sums, sums0, rtol=1e-5, atol=1e-4 * magnitude)
-    assert torch.equal(counts, counts0)
+    _check_fp16_against_tf32(results, x, k, magnitude)
     monkeypatch.setenv("TORCHKM_HALF_OPERANDS", "1")
     x100, _ = _data(n, 100, k, seed=47)
     assert not AssignPass(x100, k, "exact", update=True).half
