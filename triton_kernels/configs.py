@@ -9,8 +9,8 @@ The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py 
 ``TORCHKM_CANDIDATE_CONFIG`` (the candidate re-search's tiles, see ``candidate_config``),
 ``TORCHKM_CHUNK_MINS=0`` (the candidate re-search scores every centroid chunk) and
 ``TORCHKM_PACKED_KEYS`` (``1``/``0``: the eager exact search keeps packed keys for fp32 rows too /
-never; see ``assign.AssignPass``) and ``TORCHKM_HALF_OPERANDS=0`` (fp32 rows of the streamed search
-multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precision notes).
+never; see ``assign.AssignPass``) and ``TORCHKM_HALF_OPERANDS=0`` (fp32 rows of the streamed and Hopper
+searches multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precision notes).
 """
 
 from __future__ import annotations
