@@ -74,11 +74,12 @@ def _half_scale(parts_ptr, n_parts, d):
 
 
 @triton.jit
-def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, x_programs,
+def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, x_programs, first_program,
                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     # Programs [0, x_programs): the largest |x| over strided row blocks; the others: the largest 2 |c|
-    # over the flat centroids. One float each, reduced by ``_half_scale``.
-    pid = tl.program_id(0)
+    # over the flat centroids. One float each, reduced by ``_half_scale``. A launch may start at
+    # ``first_program`` (x_programs: the centroids' only).
+    pid = tl.program_id(0) + first_program
     if pid < x_programs:
         top = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
         rows0 = tl.arange(0, BLOCK_R)
@@ -94,23 +95,25 @@ def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, x_
     else:
         top_c = tl.zeros((BLOCK_C,), tl.float32)
         offs = tl.arange(0, BLOCK_C)
-        n_c = tl.num_programs(0) - x_programs
+        n_c = tl.num_programs(0) + first_program - x_programs
         for i in range((pid - x_programs) * BLOCK_C, kd, n_c * BLOCK_C):
             v = tl.load(c_ptr + i + offs, mask=i + offs < kd, other=0.0)
             top_c = tl.maximum(top_c, 2.0 * tl.abs(v))
         tl.store(out_ptr + pid, tl.max(top_c, axis=0))
 
 
-def amax_parts(x: torch.Tensor, c32: torch.Tensor, out: torch.Tensor, x_programs: int) -> None:
+def amax_parts(x: torch.Tensor, c32: torch.Tensor, out: torch.Tensor, x_programs: int, *, rows: bool = True) -> None:
     """Partial maxima for fp16 operands into ``out`` (float32): the first ``x_programs`` of |x|
     (any strides), the rest of 2 |c| for the contiguous fp32 centroids ``c32``;
-    ``prepare_centroids(half_parts=out)`` reduces them."""
+    ``prepare_centroids(half_parts=out)`` reduces them. ``rows=False``: the centroids' only, ``out``
+    keeping the maxima of x from an earlier call (rows that did not change)."""
     if x_programs < 1 or out.numel() <= x_programs:
         raise ValueError("amax_parts: out needs a slot for every program, x and centroids")
     n, d = x.shape
-    launcher(_amax_parts_kernel)[(out.numel(),)](
-        x, n, d, x.stride(0), x.stride(1), c32, c32.numel(), out, x_programs, BLOCK_R=32, BLOCK_D=64, BLOCK_C=1024,
-        num_warps=4)
+    first = 0 if rows else x_programs
+    launcher(_amax_parts_kernel)[(out.numel() - first,)](
+        x, n, d, x.stride(0), x.stride(1), c32, c32.numel(), out, x_programs, first, BLOCK_R=32, BLOCK_D=64,
+        BLOCK_C=1024, num_warps=4)
 
 
 def half_row_floor(d: int, scale: float) -> float:

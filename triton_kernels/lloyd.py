@@ -232,7 +232,7 @@ class LloydEngine(ReplayedEngine):
         device = x.device
         self.x, self.labels, self.block, self.normalize = x, labels, max(1, block), normalize
         self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
-        self.assign_pass = AssignPass(x, k, precision, update=True, scaled=row_scale is not None)
+        self.assign_pass = AssignPass(x, k, precision, update=True, scaled=row_scale is not None, fixed_rows=True)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)

@@ -494,7 +494,7 @@ class BoundsEngine(ReplayedEngine):
         self.assign_pass = AssignPass(x, k, "exact", update=True, extra_partials=self.settle_grid,
                                       config=assign_config(n, k, d, x.dtype, "exact", transposed=False,
                                                            row_list=True),
-                                      lower_bounds=True, moves=True, scaled=row_scale is not None)
+                                      lower_bounds=True, moves=True, scaled=row_scale is not None, fixed_rows=True)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)

@@ -465,6 +465,39 @@ def test_fp16_operands_keep_the_exact_labels(monkeypatch, k, magnitude):
     _check_fp16_against_tf32(results, x, k, magnitude)
 
 
+def test_fp16_operands_of_fixed_rows_read_their_maxima_once(monkeypatch):
+    """``AssignPass(fixed_rows=True)`` (a fit's engine) reads the largest |x| at its first call only;
+    its passes then equal a fresh object's, with centroids of another magnitude, and a call with
+    other rows reads theirs."""
+    from torchkm._kernels import assign as assign_module
+    from torchkm._kernels.assign import AssignPass
+
+    n, d, k = 130, 136, 40
+    x, c = _fp16_operand_rows(n, d, k, 7, 1.0)
+    config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
+    reads = []
+    amax_parts = assign_module.amax_parts
+    monkeypatch.setattr(assign_module, "amax_parts",
+                        lambda *args, rows=True: (reads.append(rows), amax_parts(*args, rows=rows)))
+
+    def run(p, rows, centroids):
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+        p(rows, centroids, offset=None, row_scale=None, raw_norms=rows.norm(dim=1), sample_weight=None,
+          prev_labels=None, labels=labels, sq_dist=sq_dist)
+        return labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone()
+
+    fixed = AssignPass(x, k, "exact", update=True, config=config, fixed_rows=True)
+    assert fixed.half
+    other = x * 1e4
+    for rows, centroids, read in ((x, c, True), (x, c * 1e3, False), (x, c * 1e-3, False), (other, c * 1e4, True)):
+        got = run(fixed, rows, centroids)
+        assert reads[-1] == read
+        want = run(AssignPass(rows, k, "exact", update=True, config=config), rows, centroids)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[3], want[3])
+        torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-5 * float(rows.abs().max()))  # (atomics)
+
+
 def _fp16_operand_rows(n: int, d: int, k: int, seed: int, magnitude: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows and centroids for fp16 operands: exact ties (centroid 3 stored three times), close calls
     (midpoints of 7 and 8), and rows 2^-40 below the rest nearest to a centroid as small (11),

@@ -74,6 +74,21 @@ def test_prepare_fp16_operands_match_reference(k, d, magnitude, exact):
         assert not zero_f32.any()
 
 
+def test_amax_parts_of_the_centroids_alone_keep_the_rows_maxima():
+    """``rows=False`` (a fit's engine, whose rows do not change): only the centroids' slots are
+    rewritten; the rows' maxima stay those of the earlier call."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(37, 5, generator=g) * 3).to(DEVICE)
+    c = torch.randn(6, 5, generator=g).to(DEVICE)
+    parts = torch.full((7,), float("nan"), device=DEVICE)
+    amax_parts(x, c, parts, 4)
+    rows_max = parts[:4].clone()
+    assert rows_max.max() == x.abs().max()
+    amax_parts(x * 0, c * 100, parts, 4, rows=False)
+    assert torch.equal(parts[:4], rows_max)
+    assert parts[4:].max() == 200 * c.abs().max()
+
+
 def test_prepare_fp16_operands_rejects_other_rows():
     c = torch.randn(3, 4, device=DEVICE)
     parts = torch.zeros(2, device=DEVICE)
