@@ -3,12 +3,18 @@ step, host time per step, and Inductor's counters (CUDA graph skips and re-recor
 step that is not replayed as a graph shows why.
 
     TORCH_LOGS=perf_hints python scripts/diag_vq_graphs.py [--precisions fast exact] [--dtypes float32 bfloat16]
+        [--searches hopper tl.dot] [--profile-host]
+
+``--profile-host``: also where each step's host time goes (cProfile of 30 steps, by own and by
+cumulative time), and the step's GPU time alone (the profiler's kernels, no graphs replayed).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import tempfile
 
@@ -45,7 +51,9 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="*", default=["fast", "exact"])
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--modes", nargs="*", default=["default", "reduce-overhead"])
+    parser.add_argument("--searches", nargs="*", default=["hopper", "tl.dot"])
     parser.add_argument("--why", action="store_true", help="print the inputs counted as mutated")
+    parser.add_argument("--profile-host", action="store_true", help="cProfile the steps' host time")
     args = parser.parse_args()
     if args.why:
         explain_mutations()
@@ -55,7 +63,7 @@ def main() -> None:
             dtype = getattr(torch, dtype_name)
             x = torch.randn(args.n, args.dim, device="cuda", dtype=dtype).requires_grad_(True)
             codebook = torch.randn(args.codes, args.dim, device="cuda")
-            for search in ("hopper", "tl.dot"):
+            for search in args.searches:
                 os.environ["TORCHKM_HOPPER_SEARCH"] = "1" if search == "hopper" else "0"
                 os.environ["TORCHKM_HOPPER_TRACED"] = "1" if search == "hopper" else "0"
                 # Inductor's caches do not key on the switches: each variant compiles into its own.
@@ -71,6 +79,16 @@ def main() -> None:
                     inductor = {key: value for key, value in counters["inductor"].items() if "cudagraph" in key}
                     print(f"{precision:<10}{dtype_name:<10}{search:<8}{mode:<17}{t:>9.3f}{host:>9.3f}  {inductor}",
                           flush=True)
+                    if args.profile_host:
+                        host_profile = cProfile.Profile()
+                        host_profile.enable()
+                        for _ in range(30):
+                            step()
+                        host_profile.disable()
+                        torch.cuda.synchronize()
+                        stats = pstats.Stats(host_profile)
+                        stats.sort_stats("tottime").print_stats(18)
+                        stats.sort_stats("cumulative").print_stats(30)
     for name in ("TORCHKM_HOPPER_SEARCH", "TORCHKM_HOPPER_TRACED", "TORCHINDUCTOR_CACHE_DIR"):
         os.environ.pop(name)
 
