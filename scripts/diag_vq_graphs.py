@@ -6,7 +6,7 @@ step that is not replayed as a graph shows why.
         [--searches hopper tl.dot] [--profile-host]
 
 ``--profile-host``: also where each step's host time goes (cProfile of 30 steps, by own and by
-cumulative time), and the step's GPU time alone (the profiler's kernels, no graphs replayed).
+cumulative time).
 """
 
 from __future__ import annotations
