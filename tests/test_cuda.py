@@ -244,6 +244,51 @@ def test_cuda_compiled_layer_replays_as_a_cuda_graph(precision):
     assert counters["inductor"]["cudagraph_skips"] == 0
 
 
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_cuda_compiled_fp32_pass_at_the_vq_benchmark_size(precision, monkeypatch, tmp_path):
+    """A traced fp32 pass (torch.compile of ``torchkm.assign`` and of the fused op) at the VQ
+    benchmark's size (32,768 x 256, 8192 codes), which multiplies fp16 operands (an fp16 copy of
+    the rows, made in the graph): exact labels equal a float64 argmin but for near-ties, fast ones
+    stay within the fast mode's bound, distances and sums agree with the rows', and tf32 products
+    (``TORCHKM_HALF_OPERANDS=0``) give the same exact labels. Fresh rows (magnitude 1e4) and
+    poisoned memory."""
+    from torchkm._kernels.assign import gap_bound_coefficient
+
+    from torchkm import _ops
+
+    n, d, k = 32_768, 256, 8192
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 31)))
+    c = 1e4 * torch.randn(k, d, device="cuda", generator=g)
+    x = c[torch.randint(0, k, (n,), device="cuda", generator=g)] + 3e3 * torch.randn(n, d, device="cuda", generator=g)
+    results = {}
+    for half in ("1", "0"):
+        torch._dynamo.reset()
+        monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / half))
+        poison = [torch.full((64 << 20,), 0x7F, dtype=torch.uint8, device="cuda") for _ in range(4)]
+        del poison
+        labels, dist = torch.compile(lambda a, b: torchkm.assign(a, b, precision=precision), fullgraph=True)(x, c)
+        fused = torch.compile(lambda a, b: _ops.query_assign_and_sum(a, b, precision), fullgraph=True)(x, c)
+        results[half] = labels
+        assert torch.equal(fused[0], labels)
+        direct = (x.double() - c.double()[labels]).square().sum(1)
+        torch.testing.assert_close(dist.double(), direct, rtol=1e-4, atol=1e-2)
+        sums = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(0, labels, x.double())
+        assert torch.equal(fused[3], torch.bincount(labels, minlength=k).float())
+        torch.testing.assert_close(fused[2].double(), sums, rtol=1e-4, atol=1.0)
+        c64 = c.double()
+        want = torch.cat([(c64.square().sum(1) - 2.0 * part.double() @ c64.T).argmin(1) for part in x.split(4096)])
+        if precision == "exact":
+            assert_labels_match_except_near_ties(x.double().cpu().numpy(), c64.cpu().numpy(), labels.cpu().numpy(),
+                                                 want.cpu().numpy())
+        else:
+            gap = direct - (x.double() - c64[want]).square().sum(1)
+            bound = gap_bound_coefficient(torch.float32, d) * x.double().norm(dim=1) * c64.norm(dim=1).max()
+            assert bool((gap <= bound).all())
+    if precision == "exact":
+        assert torch.equal(results["1"], results["0"])
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_cuda_input_dtypes(x_cpu, dtype):
     x = x_cpu.cuda().to(dtype)
