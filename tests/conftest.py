@@ -1,4 +1,5 @@
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -8,6 +9,16 @@ import torch
 # before any kernel module is imported. With a GPU the kernels compile for it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_assign_passes():
+    """``assign`` keeps a pass per shape between calls: a test that patches the kernel modules must
+    not be served one built before its patch."""
+    yield
+    assign_module = sys.modules.get("torchkm._kernels.assign")
+    if assign_module is not None:
+        assign_module.clear_reused_passes()
 
 
 @pytest.fixture

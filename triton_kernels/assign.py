@@ -67,6 +67,7 @@ per-row record; this kernel then runs its epilogue from that record (``SEARCHED`
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, NamedTuple
 
 import torch
@@ -1327,13 +1328,80 @@ def assign(
     labels = torch.empty(n, dtype=torch.int64, device=device) if labels is None else labels
     sq_dist = torch.empty(n, dtype=torch.float32, device=device) if store_sq_dist else None
     offset32 = None if offset is None else offset.to(torch.float32).contiguous()
-    run = AssignPass(x, k, precision, update=sums is not None, config=config, scaled=row_scale is not None)
+    update = sums is not None
+    scaled = row_scale is not None
+    key = None if config is not None else _reusable_key(x, k, precision, update, scaled)
+    run = None if key is None else _reused_passes().pop(key, None)
+    if run is None:
+        run = AssignPass(x, k, precision, update=update, config=config, scaled=scaled)
     run(x, c32, offset=offset32, row_scale=row_scale, raw_norms=raw_norms, sample_weight=sample_weight,
         prev_labels=prev_labels, labels=labels, sq_dist=sq_dist)
     if sums is not None:
         sums += run.acc_sums.sum(0)
         counts += run.acc_counts.sum(0)
-    return AssignOutput(labels, sq_dist, run.part_inertia.sum(), run.part_changed.sum(), run.flag_count[0])
+    rechecked = run.flag_count[0]
+    if key is not None:
+        # The next call with this key overwrites the pass's buffers: hand out a copy.
+        rechecked = rechecked.clone()
+        passes = _reused_passes()
+        passes[key] = run
+        while len(passes) > REUSED_PASSES:
+            passes.pop(next(iter(passes)))
+    return AssignOutput(labels, sq_dist, run.part_inertia.sum(), run.part_changed.sum(), rechecked)
+
+
+# Passes kept by ``assign`` between calls, per thread (two threads must not share buffers), the most
+# recently used last.
+_reused = threading.local()
+
+
+def _reused_passes() -> dict:
+    passes = getattr(_reused, "passes", None)
+    if passes is None:
+        passes = _reused.passes = {}
+    return passes
+
+
+def _settings() -> tuple:
+    """The ``TORCHKM_*`` environment as (name, value) pairs of bytes. Read from ``os.environ``'s
+    encoded store where it has one: decoding all of a shell's environment costs tens of
+    microseconds, as much as the rest of a small call's key."""
+    store = getattr(os.environ, "_data", None)
+    if os.supports_bytes_environ and isinstance(store, dict):  # (POSIX: its keys are bytes)
+        return tuple(sorted(item for item in store.items() if item[0].startswith(b"TORCHKM_")))
+    return tuple(sorted((name.encode(), value.encode()) for name, value in os.environ.items() if name.startswith("TORCHKM_")))
+
+
+def clear_reused_passes() -> None:
+    """Drop the passes ``assign`` keeps for reuse in this thread, and their buffers."""
+    _reused_passes().clear()
+
+
+def _reusable_key(x: torch.Tensor, k: int, precision: str, update: bool, scaled: bool) -> tuple | None:
+    """What a kept pass must match to serve this call of ``assign``, or None where none may.
+
+    Building an ``AssignPass`` (configs, buffers) costs more host time than a small pass takes on
+    the GPU (about 0.25 ms of a VQ layer's eager step at 32,768 x 256, 8192 codes, H200), so calls
+    of one shape reuse one. Not for traced tensors (torch.compile: the buffers are graph values),
+    not during CUDA graph capture (a graph would keep writing the buffers that later calls use),
+    not on another stream (its work could overlap this one's on the same buffers), and not for
+    large passes (whose buffers, an fp16 copy of the rows among them, would stay held; their host
+    time is small next to their GPU time). The key holds everything a pass's set-up reads: the
+    rows' layout and alignment, and the ``TORCHKM_*`` settings. ``TORCHKM_REUSE_PASSES=0``: a new
+    pass per call.
+    """
+    if hopper_search.traced(x) or x.shape[0] * x.shape[1] > REUSED_PASS_MAX_ELEMENTS:
+        return None
+    settings = _settings()
+    if (b"TORCHKM_REUSE_PASSES", b"0") in settings:
+        return None
+    stream = None
+    if x.device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+    return (x.device, stream, x.dtype, tuple(x.shape), x.stride(), x.data_ptr() % 16, k, precision, update,
+            scaled, torch.is_inference_mode_enabled(), settings)
 
 
 class AssignPass:
@@ -1900,6 +1968,9 @@ class AssignPass:
 SMALL_D = 8
 # The fp16 copy of a chunk of rows (fp32 rows with fp16 operands, ``AssignPass``): at most this many bytes.
 HALF_ROWS_BYTES = 1 << 28
+# ``assign``'s kept passes: at most this many per thread, each for at most this many row elements.
+REUSED_PASSES = 4
+REUSED_PASS_MAX_ELEMENTS = 1 << 23
 # The candidate re-search (``_candidate_kernel``): candidates kept per deferred row.
 CANDIDATES = 16
 

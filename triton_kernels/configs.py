@@ -12,7 +12,8 @@ The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py 
 never; see ``assign.AssignPass``) and ``TORCHKM_HALF_OPERANDS=0`` (fp32 rows of the streamed and Hopper
 searches multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precision notes), and
 ``TORCHKM_FIXED_ROWS=0`` (every pass of a fit reads the rows' largest |x| for those operands, not
-only the first; see ``assign.AssignPass``).
+only the first; see ``assign.AssignPass``) and ``TORCHKM_REUSE_PASSES=0`` (``assign`` builds a new pass
+for every call instead of reusing one per shape; see ``assign._reusable_key``).
 """
 
 from __future__ import annotations

@@ -724,3 +724,63 @@ def test_no_launch_passes_one_tensor_for_two_pointer_arguments(monkeypatch, d, p
     assert len(launches) == (2 if d == 3 or precision == "fast" else 3) + 2 * half  # (and the fp16 copy)
     for ptrs in launches:
         assert len(set(ptrs)) == len(ptrs), "a tensor passed for two pointer arguments of one launch"
+
+
+def test_assign_reuses_its_pass_for_calls_of_one_shape(monkeypatch):
+    """``assign`` keeps the pass of a shape (host time of small passes) and its results equal a new
+    pass's: other rows and centroids, sums, the re-searched count handed out as a copy. Another
+    shape, another ``TORCHKM_*`` setting, a given config, another thread or
+    ``TORCHKM_REUSE_PASSES=0`` build a new one."""
+    import threading
+
+    from torchkm._kernels import assign as assign_module
+
+    built = []
+    real_pass = assign_module.AssignPass
+    monkeypatch.setattr(assign_module, "AssignPass", lambda *args, **kwargs: built.append(args[0].shape) or real_pass(*args, **kwargs))
+    assign_module.clear_reused_passes()
+    n, d, k = 97, 17, 7
+
+    def call(seed, rows=n, **kwargs):
+        x, c = _data(rows, d, k, seed=seed)
+        sums = torch.zeros(k, d, device=DEVICE)
+        counts = torch.zeros(k, device=DEVICE)
+        out = assign(x, c, raw_norms=x.norm(dim=1), prev_labels=torch.zeros(rows, dtype=torch.int64, device=DEVICE),
+                     sums=sums, counts=counts, **kwargs)
+        return out, sums, counts
+
+    first = call(1)
+    assert len(built) == 1
+    kept = assign_module._reused_passes()
+    (held,) = kept.values()
+    assert first[0].rechecked.data_ptr() != held.flag_count.data_ptr()
+    first_rechecked = int(first[0].rechecked)
+    second = call(2)
+    assert len(built) == 1 and list(kept.values()) == [held]
+    assert int(first[0].rechecked) == first_rechecked
+    monkeypatch.setenv("TORCHKM_REUSE_PASSES", "0")
+    fresh = call(2)
+    assert len(built) == 2
+    for got, want in zip((*second[0], *second[1:]), (*fresh[0], *fresh[1:])):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)  # (sums: atomics)
+    monkeypatch.delenv("TORCHKM_REUSE_PASSES")
+
+    call(3, rows=n + 1)
+    assert len(built) == 3
+    call(4, config=SMALL_TILES)
+    assert len(built) == 4
+    monkeypatch.setenv("TORCHKM_HALF_OPERANDS", "0")
+    call(5)
+    assert len(built) == 5
+    monkeypatch.delenv("TORCHKM_HALF_OPERANDS")
+    call(6)
+    assert len(built) == 5
+    thread = threading.Thread(target=call, args=(7,))
+    thread.start()
+    thread.join()
+    assert len(built) == 6
+    for rows in range(n + 2, n + 2 + assign_module.REUSED_PASSES):
+        call(8, rows=rows)
+    assert len(kept) == assign_module.REUSED_PASSES and held not in kept.values()
+    assign_module.clear_reused_passes()
+    assert not kept
