@@ -58,8 +58,9 @@ Precision (``precision=``):
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
 transformed copy of x ever exists.
 
-On Hopper GPUs, for the rows ``hopper_search.supported`` takes (64-256 features, unscaled, no row
-list; the exact mode, and the fast mode for fp32 rows of 65-128 features), the search runs in
+On Hopper GPUs, for the rows ``hopper_search.supported`` takes (64-256 features, 17-32 for 16-bit
+rows, unscaled, no row list; the exact mode, and the fast mode for fp32 and packed bf16 rows of more
+than 32 features), the search runs in
 ``hopper_search.py`` (a Gluon kernel whose running minimum overlaps the next product) and writes a
 per-row record; this kernel then runs its epilogue from that record (``SEARCHED``).
 """
@@ -1532,10 +1533,13 @@ class AssignPass:
             # 5.17; 32,768 x 256 bf16 exact 0.456 / 0.593. bf16 fast, packed: 1M x 128 2.41 / 2.44,
             # 1M x 64 1.65 / 1.93, 32,768 x 256 0.253 / 0.332, 1M x 128 with k = 65,536 33.2 / 45.9.
             # (Only for real tensors: under torch.compile's tracing the pass keeps the tl.dot search.)
+            # Not for bf16 rows of at most 32 features (H200, 245,760 x 32, k = 1024, fast Lloyd
+            # iteration, three alternating runs, 2026-11-22: 0.128 / 0.136 / 0.137 ms against 0.128 /
+            # 0.133 / 0.133 on the tl.dot search), where the exact mode takes it (``supported``).
             # TORCHKM_HOPPER_FAST=1 / 0: the fast mode takes it wherever supported / nowhere (A/B).
             fast_setting = os.environ.get("TORCHKM_HOPPER_FAST")
             fast_hopper = (fast_setting == "1" if fast_setting in ("0", "1") else
-                           x.dtype == torch.float32 or hopper_search.packed(x, k))
+                           x.dtype == torch.float32 or (hopper_search.packed(x, k) and d > 32))
             # A traced pass (torch.compile) keeps the tl.dot search unless ``TORCHKM_HOPPER_TRACED=1``,
             # which takes it through its op (``hopper_search.in_traced_passes``).
             self.hopper = (hopper_search.mode() is not None and not self.split

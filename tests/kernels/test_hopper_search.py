@@ -42,6 +42,13 @@ def test_supported_takes_only_rows_the_kernel_handles():
     assert not hopper_search.supported(x32, 1000, scaled=False, split=False, row_list=True)
     assert hopper_search.supported(torch.zeros(10, 100), 1000, scaled=False, split=False, row_list=False)
     assert not hopper_search.supported(torch.zeros(10, 32), 1000, scaled=False, split=False, row_list=False)
+    for features, taken in ((16, False), (24, True), (32, True)):  # 16-bit rows from 32 padded features
+        rows16 = torch.zeros(10, features, dtype=torch.bfloat16)
+        assert hopper_search.supported(rows16, 1000, scaled=False, split=False, row_list=False) == taken
+    assert not hopper_search.supported(torch.zeros(10, 20, dtype=torch.float16), 1000, scaled=False, split=False,
+                                       row_list=False)  # rows not a multiple of 16 bytes
+    assert not hopper_search.supported(torch.zeros(10, 32), 1000, scaled=False, split=False, row_list=False,
+                                       dtype=torch.float16)  # fp32 rows converted: from 64
     assert not hopper_search.supported(torch.zeros(10, 129), 1000, scaled=False, split=False, row_list=False)
     assert not hopper_search.supported(torch.zeros(10, 101), 1000, scaled=False, split=False, row_list=False)
     assert hopper_search.supported(torch.zeros(10, 256, dtype=torch.bfloat16), 1000, scaled=False, split=False,
@@ -174,14 +181,17 @@ def test_fast_pass_in_chunks(searched, monkeypatch):
     _check_labels(x, c, out.labels, "fast")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("dtype", "d"), [(torch.float32, 64), (torch.float16, 64), (torch.float16, 24),
+                                        (torch.float16, 32), (torch.float32, 32)])
 @pytest.mark.parametrize("precision", ["exact", "fast"])
-def test_searched_pass_labels_and_distances(searched, precision, dtype):
-    n, d, k = 301, 64, 300
+def test_searched_pass_labels_and_distances(searched, precision, dtype, d):
+    n, k = 301, 300
     x, c = _data(n, d, k, seed=7, dtype=dtype)
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
-    # The fast mode keeps the tl.dot search for fp16 rows (measured as fast).
-    assert bool(searched) == (precision == "exact" or dtype == torch.float32)
+    # The fast mode keeps the tl.dot search for fp16 rows (measured as fast); rows of at most 32
+    # features take the search as 16-bit rows in the exact mode only.
+    assert bool(searched) == ((precision == "exact" and (dtype == torch.float16 or d > 32))
+                              or (dtype == torch.float32 and d > 32))
     _check_labels(x.float(), c, out.labels, precision, input_dtype=dtype)
     direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
@@ -240,8 +250,8 @@ def test_row_lists_and_scaled_rows_keep_the_tl_dot_search(searched):
 @pytest.mark.parametrize(("dtype", "d", "k"), [
     (torch.float32, 64, 129), (torch.float32, 100, 1000), (torch.float32, 128, 4099),
     (torch.float32, 200, 1000), (torch.float32, 256, 4099),
-    (torch.bfloat16, 64, 1000), (torch.bfloat16, 128, 300), (torch.bfloat16, 256, 4099),
-    (torch.float16, 128, 1000), ("fp16 operands", 64, 1000), ("fp16 operands", 128, 4099),
+    (torch.bfloat16, 24, 1000), (torch.bfloat16, 32, 4099), (torch.bfloat16, 64, 1000), (torch.bfloat16, 128, 300),
+    (torch.bfloat16, 256, 4099), (torch.float16, 32, 1000), (torch.float16, 128, 1000), ("fp16 operands", 64, 1000), ("fp16 operands", 128, 4099),
     ("fp16 operands", 256, 4099),
 ])
 def test_kernel_matches_reference(dtype, d, k, check):
@@ -352,12 +362,14 @@ def test_kernel_skips_a_frozen_iteration():
                                                     (20_000, 256, 8192, torch.bfloat16),
                                                     (20_000, 256, 8192, torch.float32),
                                                     (30_001, 64, 1000, torch.float32),
-                                                    (30_001, 64, 1000, torch.float16)])
+                                                    (30_001, 64, 1000, torch.float16),
+                                                    (245_760, 32, 1024, torch.bfloat16),
+                                                    (30_001, 24, 1000, torch.float16)])
 def test_default_pass_takes_the_kernel(precision, n, d, k, dtype):
     x = torch.randn(n, d, device="cuda").to(dtype)
     c = x[:k].float()
     p = AssignPass(x, k, precision, update=True)
-    assert p.hopper == (precision == "exact" or dtype in (torch.float32, torch.bfloat16))
+    assert p.hopper == (precision == "exact" or (dtype in (torch.float32, torch.bfloat16) and d > 32))
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
     sample = torch.arange(0, n, 97, device="cuda")
     _check_labels(x[sample].float(), c, out.labels[sample], precision, input_dtype=dtype)
