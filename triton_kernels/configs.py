@@ -151,13 +151,17 @@ def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:
     """Whether the exact mode searches every row with 3xTF32 products instead of keeping the fast
     pass's best two candidates (and re-searching the close calls with 3xTF32 anyway).
 
-    For fp32 rows of at most 32 features and few clusters, the products are a few instructions per
+    For rows of at most 32 features and few clusters, the products are a few instructions per
     tile and keeping the best two (more element-wise work and registers) costs more than tripling
-    them. H200, 2026-11-21, fused pass at 245,760 x 32 (CUDA-graph timed): k = 32, 0.100 ms exact
-    against 0.065 ms 3xTF32 (fast: 0.057), both with ``assign_config``'s exact tiles (128 x 32, 4
-    warps, lazy); at k = 1024 the best two win, 0.236 against 0.280 (the best 3xTF32 tiles).
+    them. H200, 2026-11-21, fp32, fused pass at 245,760 x 32 (CUDA-graph timed): k = 32, 0.100 ms
+    exact against 0.065 ms 3xTF32 (fast: 0.057), both with ``assign_config``'s exact tiles (128 x
+    32, 4 warps, lazy); at k = 1024 the best two win, 0.236 against 0.280 (the best 3xTF32 tiles).
+    16-bit rows too: they are exact in tf32, so the products are as accurate as for fp32 rows.
+    H200, 2026-11-22, bf16, Lloyd iteration at 245,760 x 32, k = 32 (bench_lloyd, three
+    alternating runs): 0.046 / 0.085 / 0.076 ms against 0.135 / 0.124 / 0.119 keeping the best two
+    (fp16: the same kernel, not measured).
     """
-    return dtype == torch.float32 and triton.next_power_of_2(d) <= 32 and k <= 64
+    return dtype in (torch.float32, torch.float16, torch.bfloat16) and triton.next_power_of_2(d) <= 32 and k <= 64
 
 
 def settle_config() -> dict:

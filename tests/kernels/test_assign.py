@@ -594,20 +594,22 @@ def test_large_shape_on_gpu():
 
 
 @pytest.mark.parametrize("d,k,tf32x3", [(12, 64, True), (32, 7, True), (12, 65, False), (33, 7, False)])
-def test_exact_mode_is_all_3xtf32_for_short_fp32_rows_and_few_clusters(d, k, tf32x3):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_exact_mode_is_all_3xtf32_for_short_rows_and_few_clusters(d, k, tf32x3, dtype):
     """Where keeping the best two costs more than tripling the products (``exact_as_tf32x3``), the
     exact mode searches every row with 3xTF32: nothing deferred, the same labels as the tf32x3 mode,
-    and float64's labels outside fp32 near-ties. The bounds engine's passes (``lower_bounds``) keep
-    the best two."""
+    and float64's labels outside fp32 near-ties. 16-bit rows too (exact in tf32; bf16 on GPUs in
+    ``test_bfloat16_exact_pass_at_default_configs``). The bounds engine's passes (``lower_bounds``)
+    keep the best two."""
     from torchkm._kernels.assign import AssignPass
     from torchkm._kernels.configs import exact_as_tf32x3
 
-    assert exact_as_tf32x3(k, d, torch.float32) is tf32x3
-    assert exact_as_tf32x3(k, d, torch.bfloat16) is False
+    for of in (torch.float32, torch.float16, torch.bfloat16):
+        assert exact_as_tf32x3(k, d, of) is tf32x3
     n = 301
-    x, c = _data(n, d, k, seed=d + k)
-    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1))
-    _check_labels(x, c, out.labels, "exact")
+    x, c = _data(n, d, k, seed=d + k, dtype=dtype)
+    out = assign(x, c, precision="exact", raw_norms=x.float().norm(dim=1))
+    _check_labels(x.float(), c, out.labels, "exact")
     assert AssignPass(x, k, "exact", update=False).precision == ("tf32x3" if tf32x3 else "exact")
     assert AssignPass(x, k, "exact", update=False, lower_bounds=True).precision == "exact"
     if tf32x3:
@@ -656,9 +658,9 @@ def test_half_precision_fast_pass_at_default_configs(dtype, n, d, k):
 @pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 1024), (50_000, 17, 300), (50_000, 128, 500),
                                    (30_000, 200, 700)])
 def test_bfloat16_exact_pass_at_default_configs(n, d, k):
-    """bf16 rows, exact mode (one bf16 product under the distance bound; the transposed search at
-    128 and 256 features): labels of the fp32 computation on the bf16 values, and sums equal to
-    those labels' sums."""
+    """bf16 rows, exact mode (one bf16 product under the distance bound; every row with 3xTF32 at 32
+    features and 32 clusters; the Hopper search at 32 features and 1024 clusters, 128 and 200):
+    labels of the fp32 computation on the bf16 values, and sums equal to those labels' sums."""
     g = torch.Generator(device="cuda").manual_seed(n + d + k)
     x = torch.randn(n, d, device="cuda", generator=g).bfloat16()
     c = x[torch.randint(0, n, (k,), device="cuda", generator=g)].float()
