@@ -1,10 +1,14 @@
-"""A/B of ``assign``'s kept passes (``TORCHKM_REUSE_PASSES=1`` / ``0``): host and wall time of eager
-calls that build an ``AssignPass`` each, alternating the setting within one process.
+"""A/B/C of ``assign``'s kept passes: host and wall time of eager calls with the defaults (a kept
+pass per shape, queries replayed as CUDA graphs), with kept passes run eagerly
+(``TORCHKM_REPLAY_QUERIES=0``) and with a new ``AssignPass`` per call (``TORCHKM_REUSE_PASSES=0``),
+alternating the settings within one process.
 
 Cases: the VQ layer's eager training step (32,768 x 256, 8192 codes; fp32 and bf16 under autocast),
 ``torchkm.assign`` queries (the VQ size and a small one), and whole fits at seed 000's size
 (245,760 x 32, k = 1024, sigma^2 = 0.0125; dense and pruned, the same start each time). Each
-case first checks that both settings give the same labels on fresh random data.
+case first checks that the defaults give the labels of new passes on fresh random data (three
+queries, or the fit's labels and iterations); the VQ cases also print how far three training steps
+from one codebook end apart, replayed against new passes and new passes against themselves.
 
     python scripts/diag_reuse.py [--rounds 3] [--json out.json]
 """
@@ -27,13 +31,18 @@ from bench_vq import host_and_wall_ms, make_layer, step_fn  # noqa: E402
 import torchkm  # noqa: E402
 from torchkm import _loop  # noqa: E402
 
+SETTINGS = {"replay": {}, "reuse": {"TORCHKM_REPLAY_QUERIES": "0"}, "new": {"TORCHKM_REUSE_PASSES": "0"}}
 
-def with_reuse(flag: str, fn):
-    os.environ["TORCHKM_REUSE_PASSES"] = flag
+
+def with_reuse(setting: str, fn):
+    """``fn()`` under one of ``SETTINGS`` ("1" and "0": "replay" and "new")."""
+    env = SETTINGS[{"1": "replay", "0": "new"}.get(setting, setting)]
+    os.environ.update(env)
     try:
         return fn()
     finally:
-        os.environ.pop("TORCHKM_REUSE_PASSES", None)
+        for name in env:
+            os.environ.pop(name, None)
 
 
 def vq_case(precision: str, dtype: torch.dtype):
@@ -44,9 +53,25 @@ def vq_case(precision: str, dtype: torch.dtype):
 
     def check():
         rows = torch.randn(n, dim, device="cuda")
-        a = with_reuse("1", lambda: (torchkm.assign(rows, layer.codebook)[0], torchkm.assign(rows, layer.codebook)[0]))
+        a = with_reuse("1", lambda: [torchkm.assign(rows, layer.codebook)[0] for _ in range(3)])
         b = with_reuse("0", lambda: torchkm.assign(rows, layer.codebook)[0])
-        return bool(torch.equal(a[0], b) and torch.equal(a[1], b))
+        # The layer's EMA statistics after three training steps (the fused sums) from one start.
+        start = layer.codebook.detach().clone()
+        batches = [torch.randn(n, dim, device="cuda", dtype=dtype) for _ in range(3)]
+
+        def train():
+            twin = make_layer(f"torchkm-{precision}", start)
+            for batch in batches:
+                step_fn(twin, batch.requires_grad_(True), dtype)()
+            return twin.codebook.detach().clone(), twin.cluster_size.detach().clone()
+
+        # Replayed against new passes, and new passes against themselves (the sums' atomics make
+        # training steps differ in their last bits from run to run, which near-ties can amplify).
+        trained, again, twice = with_reuse("1", train), with_reuse("0", train), with_reuse("0", train)
+        for name, (p, q) in (("replayed vs new", (trained, again)), ("new vs new", (again, twice))):
+            print(f"  {precision} {dtype}: three training steps, {name}: codebook max diff "
+                  f"{float((p[0] - q[0]).abs().max()):.3g}, code sizes max diff {float((p[1] - q[1]).abs().max()):.3g}")
+        return all(torch.equal(labels, b) for labels in a)
 
     return step, 20, check
 
@@ -57,9 +82,9 @@ def assign_case(n: int, d: int, k: int):
 
     def check():
         rows = torch.randn(n, d, device="cuda")
-        a = with_reuse("1", lambda: (torchkm.assign(rows, c)[0], torchkm.assign(rows, c)[0]))
+        a = with_reuse("1", lambda: [torchkm.assign(rows, c)[0] for _ in range(3)])
         b = with_reuse("0", lambda: torchkm.assign(rows, c)[0])
-        return bool(torch.equal(a[0], b) and torch.equal(a[1], b))
+        return all(torch.equal(labels, b) for labels in a)
 
     return (lambda: torchkm.assign(x, c)), 50, check
 
@@ -84,6 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--cases", nargs="*", default=None, help="names of the cases to run (default: all)")
     args = parser.parse_args()
     cases = {
         "vq step fp32 fast": lambda: vq_case("fast", torch.float32),
@@ -97,20 +123,23 @@ def main() -> None:
     results = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     for name, make in cases.items():
+        if args.cases and name not in args.cases:
+            continue
         fn, reps, check = make()
         same = check()
-        times: dict[str, list] = {"1": [], "0": []}
+        times: dict[str, list] = {setting: [] for setting in SETTINGS}
         for _ in range(args.rounds):
-            for flag in ("1", "0"):
-                times[flag].append(with_reuse(flag, lambda: host_and_wall_ms(fn, reps, warmup=2)))
+            for setting in SETTINGS:
+                times[setting].append(with_reuse(setting, lambda: host_and_wall_ms(fn, reps, warmup=2)))
         row = {"case": name, "same_labels": same}
-        for flag, label in (("1", "reuse"), ("0", "new")):
-            row[f"{label}_host_ms"] = [round(h, 4) for h, _ in times[flag]]
-            row[f"{label}_wall_ms"] = [round(w, 4) for _, w in times[flag]]
+        for setting in SETTINGS:
+            row[f"{setting}_host_ms"] = [round(h, 4) for h, _ in times[setting]]
+            row[f"{setting}_wall_ms"] = [round(w, 4) for _, w in times[setting]]
         results.append(row)
-        print(f"{name:30s} labels equal: {same}; host ms reuse {statistics.mean(row['reuse_host_ms']):.3f} "
-              f"new {statistics.mean(row['new_host_ms']):.3f}; wall ms reuse {statistics.mean(row['reuse_wall_ms']):.3f} "
-              f"new {statistics.mean(row['new_wall_ms']):.3f}  (runs: {row['reuse_wall_ms']} / {row['new_wall_ms']})", flush=True)
+        print(f"{name:30s} labels equal: {same}; wall ms " + ", ".join(
+            f"{setting} {statistics.mean(row[setting + '_wall_ms']):.3f} {row[setting + '_wall_ms']}" for setting in SETTINGS)
+            + "; host ms " + ", ".join(f"{setting} {statistics.mean(row[setting + '_host_ms']):.3f}" for setting in SETTINGS),
+            flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": results}, f, indent=1)

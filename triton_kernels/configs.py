@@ -13,7 +13,9 @@ never; see ``assign.AssignPass``) and ``TORCHKM_HALF_OPERANDS=0`` (fp32 rows of 
 searches multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precision notes), and
 ``TORCHKM_FIXED_ROWS=0`` (every pass of a fit reads the rows' largest |x| for those operands, not
 only the first; see ``assign.AssignPass``) and ``TORCHKM_REUSE_PASSES=0`` (``assign`` builds a new pass
-for every call instead of reusing one per shape; see ``assign._reusable_key``).
+for every call instead of reusing one per shape; see ``assign._reusable_key``) and
+``TORCHKM_REPLAY_QUERIES=0`` (kept query passes run their launches eagerly instead of as a replayed
+CUDA graph; see ``assign._KeptPass``).
 """
 
 from __future__ import annotations

@@ -755,7 +755,7 @@ def test_assign_reuses_its_pass_for_calls_of_one_shape(monkeypatch):
     assert len(built) == 1
     kept = assign_module._reused_passes()
     (held,) = kept.values()
-    assert first[0].rechecked.data_ptr() != held.flag_count.data_ptr()
+    assert first[0].rechecked.data_ptr() != held.run.flag_count.data_ptr()
     first_rechecked = int(first[0].rechecked)
     second = call(2)
     assert len(built) == 1 and list(kept.values()) == [held]
@@ -786,3 +786,54 @@ def test_assign_reuses_its_pass_for_calls_of_one_shape(monkeypatch):
     assert len(kept) == assign_module.REUSED_PASSES and held not in kept.values()
     assign_module.clear_reused_passes()
     assert not kept
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize(("n", "d", "k", "dtype"), [(4099, 64, 512, torch.float32), (32_768, 256, 8192, torch.float32),
+                                                    (10_001, 40, 1000, torch.bfloat16), (5000, 3, 40, torch.float32)])
+def test_assign_replays_queries_as_cuda_graphs(monkeypatch, precision, n, d, k, dtype):
+    """From a shape's second call on, a query (no previous labels, weights or label buffer) is a
+    replayed CUDA graph: fresh rows and centroids each call, the graph's outputs poisoned before
+    it runs; labels, distances, sums, counts and the re-searched count equal a new pass's
+    (``TORCHKM_REUSE_PASSES=0``), and the handed-out tensors are not the graph's."""
+    from torchkm._kernels import assign as assign_module
+
+    assign_module.clear_reused_passes()
+    g = torch.Generator(device="cuda").manual_seed(n + d + k)
+
+    def call(x, c):
+        sums = torch.zeros(k, d, device="cuda")
+        counts = torch.zeros(k, device="cuda")
+        out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1), offset=c.mean(0), sums=sums, counts=counts)
+        return out, sums, counts
+
+    for step in range(4):
+        x = (torch.randn(n, d, device="cuda", generator=g) * 3).to(dtype)
+        c = x[torch.randint(0, n, (k,), device="cuda", generator=g)].float() + 0.01
+        kept = assign_module._reused_passes()
+        for held in kept.values():
+            if held.graph is not None:
+                held.static["labels"].fill_(-7)
+                held.static["sq_dist"].fill_(float("nan"))
+        got = call(x, c)
+        (held,) = kept.values()
+        assert (held.graph is not None) == (step >= 1)
+        if held.graph is not None:
+            assert got[0].labels.data_ptr() != held.static["labels"].data_ptr()
+        monkeypatch.setenv("TORCHKM_REUSE_PASSES", "0")
+        want = call(x, c)
+        monkeypatch.delenv("TORCHKM_REUSE_PASSES")
+        assert int(got[0].labels.min()) >= 0
+        assert torch.equal(got[0].labels, want[0].labels)
+        assert torch.equal(got[0].sq_dist, want[0].sq_dist)
+        assert int(got[0].rechecked) == int(want[0].rechecked)
+        assert torch.equal(got[2], want[2])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-3)  # (atomics)
+        torch.testing.assert_close(got[0].inertia, want[0].inertia, rtol=1e-5, atol=1e-3)
+    # Rows not 16-byte aligned: the pass runs eagerly.
+    rows = torch.randn(n * d + 1, device="cuda", generator=g)[1:].view(n, d).to(dtype)
+    if rows.data_ptr() % 16:
+        for _ in range(2):
+            call(rows, c)
+        assert all(held.graph is None for key, held in assign_module._reused_passes().items() if key[5] != 0)
