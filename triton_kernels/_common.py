@@ -60,6 +60,18 @@ def capture(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGra
     return graph
 
 
+def launch_key(kind: str, k: int, tensors: dict[str, torch.Tensor | None], **flags: object) -> tuple:
+    """What decides which compiled kernels a pass launches (``lloyd.ReplayedPass``'s ``warm_key``; with
+    more flags, the key of ``assign``'s kept passes): each
+    tensor's dtype, shape, strides, 16-byte alignment and device (Triton specialises on sizes and
+    strides divisible by 16 and on pointer alignment), which tensors are absent, k, and ``flags``."""
+
+    def of(t: torch.Tensor | None) -> tuple | None:
+        return None if t is None else (t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16, str(t.device))
+
+    return kind, k, tuple((name, of(t)) for name, t in sorted(tensors.items())), tuple(sorted(flags.items()))
+
+
 def unused(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A tensor for one pointer argument that a launch does not use.
 

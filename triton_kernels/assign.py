@@ -89,6 +89,7 @@ from ._common import (
     carry_rows,
     carry_width,
     flush_carry,
+    launch_key,
     launcher,
     move_rows,
     onehot_max_k,
@@ -1336,9 +1337,7 @@ def assign(
     scaled = row_scale is not None
     inputs = {"x": x, "c32": c32, "offset": offset32, "row_scale": row_scale, "raw_norms": raw_norms,
               "sample_weight": sample_weight, "prev_labels": prev_labels, "labels": labels}
-    key = None if config is not None else _reusable_key(x, k, precision, update, scaled)
-    if key is not None:
-        key += (tuple(None if t is None else (t.dtype, t.data_ptr() % 16) for t in inputs.values()), store_sq_dist)
+    key = None if config is not None else _reusable_key(inputs, k, precision, update, scaled, store_sq_dist)
     kept = None if key is None else _reused_passes().pop(key, None)
     if kept is None:
         kept = _KeptPass(AssignPass(x, k, precision, update=update, config=config, scaled=scaled))
@@ -1453,19 +1452,24 @@ def clear_reused_passes() -> None:
     _reused_passes().clear()
 
 
-def _reusable_key(x: torch.Tensor, k: int, precision: str, update: bool, scaled: bool) -> tuple | None:
-    """What a kept pass must match to serve this call of ``assign``, or None where none may.
+def _reusable_key(inputs: dict[str, torch.Tensor | None], k: int, precision: str, update: bool, scaled: bool,
+                  store_sq_dist: bool) -> tuple | None:
+    """What a kept pass must match to serve this call of ``assign`` (``inputs``: its tensors by
+    name, None where absent), or None where none may.
 
     Building an ``AssignPass`` (configs, buffers) costs more host time than a small pass takes on
     the GPU (about 0.25 ms of a VQ layer's eager step at 32,768 x 256, 8192 codes, H200), so calls
     of one shape reuse one. Not for traced tensors (torch.compile: the buffers are graph values),
     not during CUDA graph capture (a graph would keep writing the buffers that later calls use),
     not on another stream (its work could overlap this one's on the same buffers), and not for
-    large passes (whose buffers, an fp16 copy of the rows among them, would stay held; their host
-    time is small next to their GPU time). The key holds everything a pass's set-up reads: the
-    rows' layout and alignment, and the ``TORCHKM_*`` settings. ``TORCHKM_REUSE_PASSES=0``: a new
-    pass per call.
+    large passes (whose buffers, an fp16 copy of the rows and a replayed query's copy of its inputs
+    among them, would stay held; their host time is small next to their GPU time). The key holds
+    everything a pass's set-up and launches read: ``launch_key`` of the inputs (dtypes, shapes,
+    strides, alignment, which are absent), the flags, and the ``TORCHKM_*`` settings.
+    ``TORCHKM_REUSE_PASSES=0``: a new pass per call.
     """
+    x = inputs["x"]
+    assert x is not None
     if hopper_search.traced(x) or x.shape[0] * x.shape[1] > REUSED_PASS_MAX_ELEMENTS:
         return None
     settings = _settings()
@@ -1476,8 +1480,8 @@ def _reusable_key(x: torch.Tensor, k: int, precision: str, update: bool, scaled:
         if torch.cuda.is_current_stream_capturing():
             return None
         stream = torch.cuda.current_stream(x.device).cuda_stream
-    return (x.device, stream, x.dtype, tuple(x.shape), x.stride(), x.data_ptr() % 16, k, precision, update,
-            scaled, torch.is_inference_mode_enabled(), settings)
+    return launch_key("assign", k, inputs, stream=stream, precision=precision, update=update, scaled=scaled,
+                      store_sq_dist=store_sq_dist, inference=torch.is_inference_mode_enabled(), settings=settings)
 
 
 class AssignPass:

@@ -141,8 +141,8 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
               dtype: torch.dtype | None = None) -> bool:
     """Whether ``search`` takes rows ``x`` and ``k`` centroids: 16- or 32-bit rows read as they are (no
     scale, no hi + lo centroids, no row list), contiguous and 16-byte aligned as TMA needs, the
-    padded row of 64 to 256 features (one tile in shared memory; from 32 for 16-bit rows), and more than one centroid tile
-    (one leaves nothing to overlap). The prepared centroids are contiguous
+    padded row of 64 to 256 features (one tile in shared memory; from 32 for 16-bit rows), and more
+    than one centroid tile (one leaves nothing to overlap). The prepared centroids are contiguous
     (k, d) in x's dtype. ``dtype``: the search converts x's rows to that dtype as it loads them
     (fp16 operands for fp32 rows, ``search``'s ``half_scale``), so x's own layout does not matter."""
     if scaled or split or row_list or x.dim() != 2:

@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ._common import capture
+from ._common import capture, launch_key
 from .assign import AssignPass
 from .centroids import finish_update
 
@@ -34,17 +34,6 @@ def device_tol(tol: float) -> float:
     up there means they freeze whenever the host (in float64) would stop."""
     tol32 = np.float32(tol) if math.isfinite(tol) else np.float32(-1.0)
     return float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
-
-
-def launch_key(kind: str, k: int, tensors: dict[str, torch.Tensor | None], **flags: object) -> tuple:
-    """What decides which compiled kernels a pass launches (``ReplayedPass``'s ``warm_key``): each
-    tensor's dtype, shape, strides, 16-byte alignment and device (Triton specialises on sizes and
-    strides divisible by 16 and on pointer alignment), which tensors are absent, k, and ``flags``."""
-
-    def of(t: torch.Tensor | None) -> tuple | None:
-        return None if t is None else (t.dtype, tuple(t.shape), tuple(t.stride()), t.data_ptr() % 16, str(t.device))
-
-    return kind, k, tuple((name, of(t)) for name, t in sorted(tensors.items())), tuple(sorted(flags.items()))
 
 
 class ReplayedPass:
