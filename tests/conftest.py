@@ -18,7 +18,7 @@ def _fresh_assign_passes():
     yield
     assign_module = sys.modules.get("torchkm._kernels.assign")
     if assign_module is not None:
-        assign_module.clear_reused_passes()
+        assign_module.clear_reused_passes(all_threads=True)
 
 
 @pytest.fixture

@@ -105,6 +105,27 @@ def test_assign_checks_centroids_and_devices():
         torchkm.functional._checked_query(X, meta, "euclidean")
 
 
+def test_assign_skips_the_finite_scan_only_when_asked():
+    x = X.clone()
+    x[4, 1] = float("nan")
+    with pytest.raises(ValueError, match="x contains non-finite"):
+        torchkm.assign(x, X[:3])
+    labels, _ = torchkm.assign(x, X[:3], check_finite=False)  # the caller vouches for x: no error, no sync
+    assert labels.shape == (20,)
+    assert torch.equal(labels[:4], torchkm.assign(X[:4], X[:3])[0])
+
+
+def test_empty_cache_frees_the_kept_passes(kernels):
+    from torchkm._kernels import assign as assign_module
+
+    torchkm.assign(X, X[:3])
+    assert assign_module._reused_passes()
+    torchkm.empty_cache()
+    assert not assign_module._reused_passes()
+    torchkm.assign(X, X[:3])  # and later calls build theirs again
+    assert assign_module._reused_passes()
+
+
 def test_cosine_rejects_zero_rows():
     x = X.clone()
     x[7] = 0

@@ -7,11 +7,11 @@
 - ``python -m torchkm`` clusters ``.npy`` / ``.fvecs`` files from the command line.
 """
 
+from . import nn
 from ._loop import ConvergenceWarning, IterationStats
 from ._version import __version__
-from .functional import KMeansResult, assign, fit, transform, update
+from .functional import KMeansResult, assign, empty_cache, fit, transform, update
 from .kmeans import KMeans, NotFittedError
-from . import nn  # noqa: E402  (after kmeans: nn uses the fit loop)
 from .nn import ResidualVQ, VectorQuantizer
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "VectorQuantizer",
     "__version__",
     "assign",
+    "empty_cache",
     "fit",
     "nn",
     "transform",

@@ -32,6 +32,7 @@ __all__ = [
     "assign_and_sum",
     "bounds_supported",
     "eager_launches",
+    "empty_cache",
     "lloyd_engine",
     "lloyd_step",
     "pruned_engine",
@@ -350,3 +351,11 @@ def query_assign_and_sum(
         return torch.ops.torchkm.assign_and_sum(x, centroids, precision)
     with torch.no_grad():
         return eager_launches(_assign_and_sum_impl)(x, centroids, precision)
+
+
+def empty_cache() -> None:
+    """Free what the kernels keep between calls: ``assign``'s passes per input shape (buffers, a
+    replayed query's copies of its inputs and its CUDA graph), in every thread."""
+    from ._kernels.assign import clear_reused_passes
+
+    clear_reused_passes(all_threads=True)

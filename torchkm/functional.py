@@ -20,10 +20,10 @@ from ._validation import (
     ensure_finite,
 )
 
-__all__ = ["KMeansResult", "assign", "fit", "transform", "update"]
+__all__ = ["KMeansResult", "assign", "empty_cache", "fit", "transform", "update"]
 
 
-def _checked_query(x: Any, centroids: Any, metric: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _checked_query(x: Any, centroids: Any, metric: str, check_finite: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     if metric not in ("euclidean", "cosine"):
         raise ValueError(f"metric must be 'euclidean' or 'cosine', got {metric!r}")
     c = as_data_tensor(centroids, "centroids", check_finite=False)
@@ -32,7 +32,7 @@ def _checked_query(x: Any, centroids: Any, metric: str) -> tuple[torch.Tensor, t
         raise ValueError(f"x has {x.shape[1]} features but the centroids have {c.shape[1]}")
     check_same_device(x, c)
     # Value checks read the data back to the host; inside torch.compile they would break the graph.
-    if not torch.compiler.is_compiling():
+    if check_finite and not torch.compiler.is_compiling():
         ensure_finite(c, "centroids", (x, "x"))
         if metric == "cosine":
             check_nonzero_rows(x)
@@ -40,7 +40,7 @@ def _checked_query(x: Any, centroids: Any, metric: str) -> tuple[torch.Tensor, t
 
 
 def assign(
-    x: Any, centroids: Any, *, metric: str = "euclidean", precision: str = "exact"
+    x: Any, centroids: Any, *, metric: str = "euclidean", precision: str = "exact", check_finite: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of each row of ``x``.
 
@@ -50,6 +50,15 @@ def assign(
     are within its rounding bound); ``"fast"`` keeps the tensor-core pass alone (tf32 products for
     float32 input, native products for float16/bfloat16). CPU tensors always compute in fp32/fp64.
 
+    ``check_finite=False`` skips the scan for NaN and Inf in ``x`` and ``centroids`` (and, for
+    ``metric="cosine"``, for zero rows), which reads the result back to the host: on a GPU that
+    sync stops the host from queueing work ahead of the device, so loops of small queries run
+    faster without it. Only for inputs known to be finite: a non-finite row then gets an
+    arbitrary label and distance, and no error.
+
+    On CUDA, ``assign`` keeps its pass (buffers and, from a shape's second call, a CUDA graph of
+    the query) for up to four input shapes per thread; :func:`empty_cache` frees them.
+
     Returns:
         ``(labels, distances)``: int64 labels (ties go to the lowest index) and, per row, the
         squared Euclidean distance (``metric="euclidean"``) or the cosine distance ``1 - cos``
@@ -57,8 +66,21 @@ def assign(
         (float64 if either input is float64).
     """
     check_precision(precision)
-    x, c = _checked_query(x, centroids, metric)
+    x, c = _checked_query(x, centroids, metric, check_finite)
     return _ops.query_assign(x, c, metric, precision)
+
+
+def empty_cache() -> None:
+    """Free the GPU memory torchkm keeps between calls.
+
+    :func:`assign` (and the layers and ``predict`` built on it) keeps, for each of its last four
+    input shapes per thread, the buffers of its pass and, on CUDA, a CUDA graph of the query with
+    copies of its inputs (up to 2^23 elements): repeated calls then skip the set-up. This drops
+    them all, in every thread (a pass another thread is running at that moment is kept). The
+    memory goes back to torch's caching allocator; ``torch.cuda.empty_cache()`` returns it to the
+    device. Fitted models and layers are not affected, and later calls build their passes again.
+    """
+    _ops.empty_cache()
 
 
 @_ops.eager_launches

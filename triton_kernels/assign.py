@@ -70,6 +70,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -1426,14 +1427,23 @@ class _KeptPass:
 
 
 # Passes kept by ``assign`` between calls, per thread (two threads must not share buffers), the most
-# recently used last.
+# recently used last. ``_all_reused`` reaches every thread's dict so that one call can free them all.
 _reused = threading.local()
+_all_reused: weakref.WeakSet = weakref.WeakSet()
+
+
+class _PassDict(dict):
+    """A thread's kept passes; unlike a plain dict, weakly referenceable and known by identity."""
+
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
 
 def _reused_passes() -> dict:
     passes = getattr(_reused, "passes", None)
     if passes is None:
-        passes = _reused.passes = {}
+        passes = _reused.passes = _PassDict()
+        _all_reused.add(passes)
     return passes
 
 
@@ -1447,9 +1457,12 @@ def _settings() -> tuple:
     return tuple(sorted((name.encode(), value.encode()) for name, value in os.environ.items() if name.startswith("TORCHKM_")))
 
 
-def clear_reused_passes() -> None:
-    """Drop the passes ``assign`` keeps for reuse in this thread, and their buffers."""
-    _reused_passes().clear()
+def clear_reused_passes(all_threads: bool = False) -> None:
+    """Drop the passes ``assign`` keeps for reuse in this thread (every thread's with
+    ``all_threads``), and their buffers. A pass another thread is running stays with that thread
+    (it holds it while it runs) and is kept again when its call ends."""
+    for passes in list(_all_reused) if all_threads else [_reused_passes()]:
+        passes.clear()
 
 
 def _reusable_key(inputs: dict[str, torch.Tensor | None], k: int, precision: str, update: bool, scaled: bool,

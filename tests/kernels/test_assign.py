@@ -1,5 +1,7 @@
 """triton_kernels/assign.py against float64 references (Triton interpreter on CPU, or a GPU)."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -733,8 +735,6 @@ def test_assign_reuses_its_pass_for_calls_of_one_shape(monkeypatch):
     pass's: other rows and centroids, sums, the re-searched count handed out as a copy. Another
     shape, another ``TORCHKM_*`` setting, a given config, another thread or
     ``TORCHKM_REUSE_PASSES=0`` build a new one."""
-    import threading
-
     from torchkm._kernels import assign as assign_module
 
     built = []
@@ -786,6 +786,32 @@ def test_assign_reuses_its_pass_for_calls_of_one_shape(monkeypatch):
     assert len(kept) == assign_module.REUSED_PASSES and held not in kept.values()
     assign_module.clear_reused_passes()
     assert not kept
+
+
+def test_clearing_all_threads_reused_passes_reaches_a_live_thread():
+    from torchkm._kernels import assign as assign_module
+
+    called, cleared = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        x, c = _data(33, 5, 3, seed=0)
+        assign(x, c, raw_norms=x.norm(dim=1))
+        seen["before"] = len(assign_module._reused_passes())
+        called.set()
+        cleared.wait(timeout=60)
+        seen["after"] = len(assign_module._reused_passes())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert called.wait(timeout=600)
+    x, c = _data(34, 5, 3, seed=1)
+    assign(x, c, raw_norms=x.norm(dim=1))
+    assign_module.clear_reused_passes(all_threads=True)
+    assert not assign_module._reused_passes()
+    cleared.set()
+    thread.join()
+    assert seen == {"before": 1, "after": 0}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
