@@ -45,7 +45,8 @@ class Compiler:
     def __call__(self, *args, **kw):
         fn = self.fn
         names = fn.arg_names
-        bound = dict(zip(names, args)); bound.update(kw)
+        bound = dict(zip(names, args))
+        bound.update(kw)
         opts = {k: bound.pop(k) for k in ("num_warps", "num_stages") if k in bound}
         sig, consts, attrs = {}, {}, {}
         for i, name in enumerate(names):
@@ -54,7 +55,8 @@ class Compiler:
             # As the runtime specialises a launch: an int equal to 1 becomes a constant (a unit
             # stride), and pointers and ints divisible by 16 say so (vectorised and async loads).
             if p.is_constexpr or (type(v) is int and v == 1 and not p.do_not_specialize):
-                sig[name] = "constexpr"; consts[name] = v
+                sig[name] = "constexpr"
+                consts[name] = v
             elif isinstance(v, torch.Tensor):
                 sig[name] = "*" + TY[v.dtype]
                 attrs[(i,)] = [["tt.divisibility", 16]]
@@ -69,7 +71,8 @@ class Compiler:
             else:
                 raise TypeError(name)
         key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted((k, str(v)) for k, v in consts.items())), tuple(sorted(opts.items())))
-        if key in seen: return
+        if key in seen:
+            return
         seen.add(key)
         t0 = time.time()
         src = ASTSource(fn, sig, consts, attrs)
@@ -78,10 +81,11 @@ class Compiler:
         print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} shared={k.metadata.shared} {opts} "
               + " ".join(f"{a}={b}" for a, b in consts.items() if a in shown or fn.__name__ != "_assign_kernel"), flush=True)
 common.launcher = lambda fn: Compiler(fn)
-import torchkm._kernels.assign as A
-import torchkm._kernels.centroids as C
-import torchkm._kernels.distances as D
-import torchkm._kernels.update as U
+# Imported after the patch above, so that every launcher the modules build compiles instead.
+import torchkm._kernels.assign as A  # noqa: E402
+import torchkm._kernels.centroids as C  # noqa: E402
+import torchkm._kernels.distances as D  # noqa: E402
+import torchkm._kernels.update as U  # noqa: E402
 
 A.launcher = U.launcher = D.launcher = C.launcher = common.launcher
 A.num_persistent_programs = lambda dev: 4

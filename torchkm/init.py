@@ -170,13 +170,13 @@ def kmeans_parallel(
     # Per-row coins from a device generator seeded from the fit's stream (and the rank): cheap for
     # 10^8 rows, reproducible for a seed on a given device.
     coins = rank_stream(generator, comm, device)
-    l = oversampling * n_clusters
+    per_round = oversampling * n_clusters  # the paper's l: expected candidates per round
     for _ in range(rounds):
         weighted = closest_sq if w is None else closest_sq * w
         phi = float(comm.sum_(weighted.sum().reshape(1))[0])
         if phi <= 0:
             break  # every row sits on a candidate
-        keep = torch.rand(data.n_samples, generator=coins, device=device, dtype=torch.float64) < weighted * (l / phi)
+        keep = torch.rand(data.n_samples, generator=coins, device=device, dtype=torch.float64) < weighted * (per_round / phi)
         new = comm.gather_rows(data.take(keep.nonzero().flatten()))
         if new.shape[0] == 0:
             continue
