@@ -20,7 +20,7 @@ import torch
 
 from ._validation import iter_row_chunks
 
-__all__ = ["DataView", "assign", "pairwise_sq_distances", "update", "weighted_sum"]
+__all__ = ["DataView", "assign", "pairwise_sq_distances", "straight_through_grad", "update", "weighted_sum"]
 
 # Temporaries of one chunk (a rows x k distance block) stay near this many elements.
 _ASSIGN_CHUNK_ELEMENTS = 1 << 22
@@ -171,3 +171,11 @@ def update(
             sums.index_put_((lab,), rows, accumulate=True)
             counts.index_put_((lab,), w, accumulate=True)
     return sums, counts
+
+
+def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: torch.Tensor,
+                          grad_commitment: torch.Tensor, grad_loss: torch.Tensor, loss_weight: float) -> torch.Tensor:
+    """A VQ layer's input gradient (see ``torchkm._ops.straight_through_grad``), in the promoted dtype
+    of its inputs (float64 rows stay float64), returned in ``x``'s dtype."""
+    scale = (grad_commitment + loss_weight * grad_loss) * (2.0 / max(x.numel(), 1))
+    return torch.addcmul(grad_quantized, torch.sub(x, codes), scale).to(x.dtype)

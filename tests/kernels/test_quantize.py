@@ -1,0 +1,37 @@
+"""triton_kernels/quantize.py (a VQ layer's input gradient) against its torch reference."""
+
+import pytest
+import torch
+from torchkm._kernels.quantize import straight_through_grad, straight_through_grad_reference
+
+from tests.kernels.conftest import DEVICE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (17, 129), (2049, 1), (1001, 17)])
+def test_straight_through_grad_matches_reference(dtype, shape):
+    g = torch.Generator().manual_seed(hash((shape, str(dtype))) % (1 << 31))
+    x = torch.randn(shape, generator=g).to(DEVICE, dtype)
+    codes = torch.randn(shape, generator=g).to(DEVICE)  # float32, as a layer's codebook
+    grad_q = torch.randn(shape, generator=g).to(DEVICE, dtype)
+    grad_commitment, grad_loss = torch.tensor(0.75, device=DEVICE), torch.tensor(1.5, device=DEVICE)
+    got = straight_through_grad(grad_q, x, codes, grad_commitment, grad_loss, 0.25)
+    want = straight_through_grad_reference(grad_q, x, codes, grad_commitment, grad_loss, 0.25)
+    assert got.dtype == dtype and got.shape == x.shape
+    # Both compute in fp32 and round once; the interpreter's rounding to bf16 can differ by a unit
+    # in the last place (it truncates).
+    ulp = {torch.float32: 1e-6, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}[dtype]
+    torch.testing.assert_close(got, want, rtol=ulp, atol=1e-7)
+
+
+def test_straight_through_grad_takes_any_strides_and_empty_inputs():
+    x = torch.randn(33, 5, device=DEVICE)
+    codes = torch.randn(5, 33, device=DEVICE).t()  # transposed view
+    grad_q = torch.ones((), device=DEVICE).expand(33, 5)  # sum()'s gradient: stride 0
+    one = torch.ones((), device=DEVICE)
+    torch.testing.assert_close(straight_through_grad(grad_q, x, codes, one, one, 2.0),
+                               straight_through_grad_reference(grad_q, x, codes, one, one, 2.0))
+    empty = torch.empty(0, 5, device=DEVICE)
+    assert straight_through_grad(empty, empty, empty, one, one, 1.0).shape == (0, 5)
+    with pytest.raises(ValueError, match="shapes differ"):
+        straight_through_grad(x, x, codes[:-1], one, one, 1.0)
