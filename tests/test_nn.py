@@ -76,9 +76,9 @@ def test_fused_output_and_commitment_equal_the_plain_formulas(case, engine, requ
     vq.to(device)
     x = torch.randn(0 if case == "empty" else 37, 5, generator=g).to(device, dtype).requires_grad_(True)
     codebook_before = vq.codebook.detach().clone()
-    (quantized, indices, _), losses = vq(x, return_loss_breakdown=True)
+    (quantized, indices, loss), losses = vq(x, return_loss_breakdown=True)
     upstream = torch.randn(x.shape, generator=g).to(device, dtype)
-    (quantized.float() * upstream.float()).sum().add(losses.commitment * 3.0).backward()
+    (quantized.float() * upstream.float()).sum().add(losses.commitment * 3.0).add(loss * 2.0).backward()
     got_grad = x.grad.clone()
 
     x.grad = None
@@ -86,7 +86,7 @@ def test_fused_output_and_commitment_equal_the_plain_formulas(case, engine, requ
     codes = torch.nn.functional.embedding(indices, codebook_before)
     ref_quantized = flat + (codes.to(dtype) - flat).detach()
     ref_commitment = torch.nn.functional.mse_loss(flat.float(), codes) if x.shape[0] else flat.float().sum()
-    (ref_quantized.float() * upstream.float()).sum().add(ref_commitment * 3.0).backward()
+    (ref_quantized.float() * upstream.float()).sum().add(ref_commitment * (3.0 + 2.0 * vq.commitment_weight)).backward()
     assert quantized.dtype == dtype and losses.commitment.dtype == torch.float32
     tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
     torch.testing.assert_close(quantized, codes.to(dtype), atol=0, rtol=0)  # the codes themselves
@@ -444,3 +444,66 @@ def test_partial_fit_cosine_keeps_unit_centroids():
     for i in range(5):
         km.partial_fit(x[100 * i : 100 * (i + 1)])
     torch.testing.assert_close(km.cluster_centers_.norm(dim=1), torch.ones(3))
+
+
+def test_replayed_steps_survive_deepcopy_and_pickle_and_empty_cache():
+    import pickle
+
+    vq = VectorQuantizer(6, 3, kmeans_init=False)
+    vq._replayed.entries[("a key",)] = {"graph": None, "failed": True}
+    assert not copy.deepcopy(vq)._replayed.entries
+    assert not pickle.loads(pickle.dumps(vq))._replayed.entries
+    torchkm._ops._replay_holders.add(vq._replayed)
+    torchkm.empty_cache()
+    assert not vq._replayed.entries
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize(("n", "dim", "codes", "dtype", "threshold"), [
+    (4099, 64, 512, torch.float32, 0.0), (4099, 64, 512, torch.float32, 2.0),
+    (3001, 3, 40, torch.float32, 0.0), (2048, 256, 1000, torch.bfloat16, 0.5)])
+def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, codes, dtype, threshold):
+    """From a shape's second training step on, the EMA step is a replayed CUDA graph. Each step
+    (fresh batch, both layers starting from the same state and CUDA seed) gives what an eager
+    twin (``TORCHKM_REPLAY_QUERIES=0``) gives: codes, quantized output, loss, input gradient,
+    codebook statistics (sums through atomics: to 1e-5), dead codes revived on the same rows; the
+    graph's outputs are poisoned before a replay, and what a step hands out is not the graph's."""
+    rng = np.random.default_rng()
+    replayed = VectorQuantizer(codes, dim, kmeans_init=False, precision=precision,
+                               dead_code_threshold=threshold).cuda().train()
+    eager = copy.deepcopy(replayed)
+    handed_out = []
+    for step in range(5):
+        eager.load_state_dict(replayed.state_dict())  # (in place: the buffers keep their addresses)
+        x = torch.from_numpy(rng.standard_normal((n, dim), dtype=np.float32)).cuda().to(dtype).requires_grad_()
+        x_eager = x.detach().clone().requires_grad_()
+        seed = int(rng.integers(1 << 31))
+        for entry in replayed._replayed.entries.values():
+            if entry.get("graph") is not None:
+                for name in ("labels", "codebook", "sq_total"):
+                    entry[name].fill_(-1 if name == "labels" else float("nan"))
+        torch.cuda.manual_seed(seed)
+        out, parts = replayed(x, return_loss_breakdown=True)
+        monkeypatch.setenv("TORCHKM_REPLAY_QUERIES", "0")
+        torch.cuda.manual_seed(seed)
+        want, want_parts = eager(x_eager, return_loss_breakdown=True)
+        monkeypatch.delenv("TORCHKM_REPLAY_QUERIES")
+        (out.quantized.float().square().mean() + out.loss).backward()
+        (want.quantized.float().square().mean() + want.loss).backward()
+        (entry,) = replayed._replayed.entries.values()
+        assert not entry["failed"] and (entry["graph"] is not None) == (step >= 1)
+        assert torch.equal(out.indices, want.indices)
+        assert torch.equal(out.quantized, want.quantized)
+        torch.testing.assert_close(parts.commitment, want_parts.commitment, rtol=1e-5, atol=0)
+        torch.testing.assert_close(out.loss, want.loss, rtol=1e-5, atol=0)
+        torch.testing.assert_close(x.grad, x_eager.grad, rtol=1e-5, atol=1e-7)
+        for name in ("cluster_size", "embed_sum", "codebook"):
+            torch.testing.assert_close(getattr(replayed, name), getattr(eager, name), rtol=1e-5, atol=1e-5)
+        if step >= 1:
+            assert out.indices.data_ptr() != entry["labels"].data_ptr()
+            assert out.quantized.data_ptr() != entry["codebook"].data_ptr()
+        handed_out.append(out.quantized)
+    assert len({t.data_ptr() for t in handed_out}) == len(handed_out)
+    if threshold:
+        assert replayed.dead_codes == eager.dead_codes

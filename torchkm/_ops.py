@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -31,6 +32,7 @@ __all__ = [
     "assign",
     "assign_and_sum",
     "bounds_supported",
+    "capture_graph",
     "eager_launches",
     "empty_cache",
     "lloyd_engine",
@@ -39,7 +41,10 @@ __all__ = [
     "query_assign",
     "query_assign_and_sum",
     "query_view",
+    "replays_enabled",
+    "settings",
     "sq_distances_to",
+    "straight_through_grad",
     "update",
     "uses_kernels",
 ]
@@ -353,9 +358,57 @@ def query_assign_and_sum(
         return eager_launches(_assign_and_sum_impl)(x, centroids, precision)
 
 
+def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: torch.Tensor,
+                          grad_commitment: torch.Tensor, grad_loss: torch.Tensor, loss_weight: float) -> torch.Tensor:
+    """A VQ layer's input gradient, ``grad_quantized + (grad_commitment + loss_weight * grad_loss)
+    * 2 / x.numel() * (x - codes)`` in ``x``'s dtype: one kernel on CUDA (outside torch.compile,
+    which fuses the torch expression itself), the torch expression elsewhere."""
+    engine = os.environ.get("TORCHKM_ENGINE", "auto")
+    if (engine != "torch" and (x.device.type == "cuda" or engine == "triton") and x.dtype in _KERNEL_DTYPES
+            and not torch.compiler.is_compiling()
+            and all(type(t) is torch.Tensor for t in (grad_quantized, x, codes, grad_commitment, grad_loss))):
+        from ._kernels import quantize
+
+        return eager_launches(quantize.straight_through_grad)(grad_quantized, x, codes, grad_commitment, grad_loss,
+                                                              loss_weight)
+    return _reference.straight_through_grad(grad_quantized, x, codes, grad_commitment, grad_loss, loss_weight)
+
+
+# Holders of captured work above the kernels (the layers' replayed training steps): each has a
+# ``clear()`` that ``empty_cache`` calls.
+_replay_holders: weakref.WeakSet = weakref.WeakSet()
+
+
+def replays_enabled(x: torch.Tensor) -> bool:
+    """Whether eager work on ``x`` may be captured and replayed as a CUDA graph now: a plain CUDA
+    tensor, nothing tracing or capturing, and ``TORCHKM_REPLAY_QUERIES`` not ``0``."""
+    return (not torch.compiler.is_compiling() and x.device.type == "cuda"
+            and type(x) in (torch.Tensor, torch.nn.Parameter) and not torch.cuda.is_current_stream_capturing()
+            and os.environ.get("TORCHKM_REPLAY_QUERIES", "1") != "0")
+
+
+def settings() -> tuple:
+    """The ``TORCHKM_*`` environment, as a key (cheaply: see the kernels' ``_settings``)."""
+    from ._kernels.assign import _settings
+
+    return _settings()
+
+
+def capture_graph(run: Callable[[], None], device: torch.device, holder: object) -> torch.cuda.CUDAGraph:
+    """``run``'s launches captured as a CUDA graph (nothing runs), for ``holder``, whose ``clear()``
+    ``empty_cache`` will call to free it."""
+    from ._kernels._common import capture
+
+    _replay_holders.add(holder)
+    return capture(run, device)
+
+
 def empty_cache() -> None:
-    """Free what the kernels keep between calls: ``assign``'s passes per input shape (buffers, a
-    replayed query's copies of its inputs and its CUDA graph), in every thread."""
+    """Free what torchkm keeps between calls: ``assign``'s passes per input shape (buffers, a
+    replayed query's copies of its inputs and its CUDA graph), in every thread, and the layers'
+    replayed training steps."""
     from ._kernels.assign import clear_reused_passes
 
     clear_reused_passes(all_threads=True)
+    for holder in list(_replay_holders):
+        holder.clear()

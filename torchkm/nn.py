@@ -75,32 +75,106 @@ def perplexity(counts_or_indices: torch.Tensor, num_codes: int | None = None) ->
 
 
 class _Quantize(torch.autograd.Function):
-    """The quantized output and the commitment loss of a batch, with their gradients to the input.
+    """The quantized output, the commitment loss and the weighted loss of a batch, with their
+    gradients to the input.
 
     ``quantized`` is the codes ``codebook[labels]`` in the input's dtype, with the identity as its
-    gradient (straight through); ``commitment`` is ``mean ||x - sg(code)||^2``. The loss's value is
-    the sum of the assignment's per-row squared distances (computed from the difference, in fp32)
-    over ``x.numel()``, and the backward is one expression, ``g_quantized + g_commitment * 2 (x -
-    code) / x.numel()``: the usual ``x + (code - x).detach()`` and ``mse_loss`` take four more passes
-    over the batch forward and two more backward, which a training step at VQ sizes notices.
+    gradient (straight through); ``commitment`` is ``mean ||x - sg(code)||^2``, ``loss`` is
+    ``loss_weight * commitment``. Their values come from the assignment's per-row squared distances
+    (computed from the difference, in fp32; or their 0-d sum), and the backward is one expression,
+    ``g_quantized + (g_commitment + loss_weight g_loss) * 2 (x - code) / x.numel()``, one kernel on
+    CUDA: the usual ``x + (code - x).detach()`` and ``mse_loss`` take four more passes over the batch
+    forward and two more backward, which a training step at VQ sizes notices.
     """
 
     @staticmethod
-    def forward(ctx, flat: torch.Tensor, labels: torch.Tensor, codebook: torch.Tensor,
-                sq_distances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx, flat: torch.Tensor, labels: torch.Tensor, codebook: torch.Tensor, sq_distances: torch.Tensor,
+                loss_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         codes = F.embedding(labels, codebook)
         ctx.save_for_backward(flat, codes)
-        commitment = sq_distances.sum(dtype=torch.float32) / max(flat.numel(), 1)
-        return codes.to(flat.dtype), commitment
+        ctx.loss_weight = loss_weight
+        inv_numel = 1.0 / max(flat.numel(), 1)
+        total = sq_distances.sum(dtype=torch.float32)
+        return codes.to(flat.dtype), total * inv_numel, total * (loss_weight * inv_numel)
 
     @staticmethod
-    def backward(ctx, grad_quantized: torch.Tensor, grad_commitment: torch.Tensor):
+    def backward(ctx, grad_quantized: torch.Tensor, grad_commitment: torch.Tensor, grad_loss: torch.Tensor):
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None
+            return None, None, None, None, None
         flat, codes = ctx.saved_tensors
-        scale = grad_commitment * (2.0 / max(flat.numel(), 1))
-        grad = torch.addcmul(grad_quantized, torch.sub(flat, codes), scale)
-        return grad.to(flat.dtype), None, None, None
+        grad = _ops.straight_through_grad(grad_quantized, flat, codes, grad_commitment, grad_loss, ctx.loss_weight)
+        return grad, None, None, None, None
+
+
+class _ReplayedSteps:
+    """A layer's eager training step on CUDA (assignment with sums, loss sum, EMA update, dead-code
+    revival) replayed as a CUDA graph, per input shape, from the shape's second step on.
+
+    An eager step launches some twenty kernels and is bound by host time (H200, 32,768 x 256,
+    8192 codes: 1.4-2.0 ms a step against about 0.7 ms of GPU work). A replay copies the batch into
+    the graph's input and launches the graph; the codes are then gathered from the graph's copy
+    of the codebook as it was before the update. Kept for the last
+    ``MAX_SHAPES`` keys: shape, dtype, strides, device and stream of the batch, the addresses of
+    the codebook's buffers (a moved or replaced buffer makes a new key), the layer's settings,
+    inference mode and the ``TORCHKM_*`` environment. Each holds a copy of its batch, the graph's
+    memory pool and a copy of the codebook: 56 MiB at 32,768 x 256 with 8192 codes (H200,
+    2026-11-22). Dead-code revival draws from torch's CUDA generator, which replays advance as
+    eager steps would. ``TORCHKM_REPLAY_QUERIES=0`` turns replays off; :func:`torchkm.empty_cache`
+    frees them.
+    """
+
+    MAX_SHAPES = 2
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, dict[str, Any]] = {}
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def __deepcopy__(self, memo: dict) -> _ReplayedSteps:
+        return _ReplayedSteps()  # graphs refer to this layer's buffers: a copy captures its own
+
+    def __reduce__(self) -> tuple:
+        return _ReplayedSteps, ()
+
+    def key(self, layer: VectorQuantizer, flat: torch.Tensor) -> tuple:
+        buffers = tuple(t.data_ptr() for t in (layer.codebook, layer.cluster_size, layer.embed_sum))
+        return (tuple(flat.shape), flat.dtype, tuple(flat.stride()), flat.data_ptr() % 16, flat.device,
+                torch.cuda.current_stream(flat.device).cuda_stream, buffers, layer.precision, layer.metric,
+                layer.decay, layer.eps, layer.dead_code_threshold, torch.is_inference_mode_enabled(), _ops.settings())
+
+    def __call__(self, layer: VectorQuantizer, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(labels, codebook, sq_total)`` of a replayed step: a copy of its labels, and the graph's
+        copy of the codebook they index and its sum of squared distances (both read before the next
+        replay), or None where this step must run eagerly (the key's first, or a failed capture)."""
+        key = self.key(layer, flat)
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            entry = {"graph": None, "failed": False}
+        self.entries[key] = entry
+        while len(self.entries) > self.MAX_SHAPES:
+            self.entries.pop(next(iter(self.entries)))
+        if entry["failed"]:
+            return None
+        if "flat" not in entry:  # first step of this key: eager (the kernels compile), then capture
+            entry["flat"] = torch.empty_like(flat)
+            return None
+        entry["flat"].copy_(flat)
+        if entry["graph"] is None:
+            outputs: dict[str, torch.Tensor] = {}
+
+            def run() -> None:
+                outputs.update(zip(("labels", "codebook", "sq_total"), layer._step_on(entry["flat"])))
+
+            try:
+                entry["graph"] = _ops.capture_graph(run, flat.device, self)
+            except RuntimeError as err:  # capture not possible here: this key stays eager
+                logger.debug("VectorQuantizer: CUDA graph capture of the training step failed (%s)", err)
+                entry["failed"] = True
+                return None
+            entry.update(outputs)
+        entry["graph"].replay()
+        return entry["labels"].clone(), entry["codebook"], entry["sq_total"]
 
 
 def _distributed() -> bool:
@@ -224,6 +298,7 @@ class VectorQuantizer(nn.Module):
         # A Python mirror of `initialized`: torch.compile guards on it instead of reading the device.
         self._initialized = not kmeans_init
         self._pending: list[torch.Tensor] = []
+        self._replayed = _ReplayedSteps()
 
     # -- codebook ---------------------------------------------------------------------------------
 
@@ -305,6 +380,18 @@ class VectorQuantizer(nn.Module):
             _online.replace_dead(dead, candidates, self.codebook, self.cluster_size, embed_sum,
                                  self.dead_code_threshold)
 
+    @torch.no_grad()
+    def _step_on(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The GPU work of an EMA training step on detached rows (what ``_ReplayedSteps`` captures):
+        labels, a copy of the codebook they index (the update then moves the codebook), and the sum
+        of squared distances."""
+        codebook = self.codebook.detach()
+        labels, sq_distances, sums, counts = _ops.query_assign_and_sum(flat, codebook, self.precision)
+        used = codebook.clone()
+        sq_total = sq_distances.sum(dtype=torch.float32)
+        self._update(flat, labels, sums, counts)
+        return labels, used, sq_total
+
     def get_codes_from_indices(self, indices: torch.Tensor) -> torch.Tensor:
         """The code vectors (float32, ``indices.shape + (dim,)``) of integer ``indices``."""
         if indices.is_floating_point() or indices.is_complex():
@@ -340,26 +427,37 @@ class VectorQuantizer(nn.Module):
             codebook = self.codebook
             detached = flat.detach()
             update = self.training and flat.shape[0] > 0
+            replayed = None
             if update and not self.learnable_codebook and self._initialized:
-                labels, sq_distances, sums, counts = _ops.query_assign_and_sum(detached, codebook.detach(),
-                                                                               self.precision)
+                if _ops.replays_enabled(detached) and not self._sync():
+                    replayed = self._replayed(self, detached)
+                if replayed is None:
+                    labels, sq_distances, sums, counts = _ops.query_assign_and_sum(detached, codebook.detach(),
+                                                                                   self.precision)
             else:
                 labels, sq_distances = _ops.query_assign(detached, codebook.detach(), "euclidean", self.precision)
                 sums = counts = None
                 if update:  # usage statistics of a learned codebook (dead-code revival)
                     counts = torch.zeros(self.num_codes, device=flat.device).scatter_add_(
                         0, labels, torch.ones_like(labels, dtype=torch.float32))
-            quantized, commitment = _Quantize.apply(flat, labels, codebook.detach(), sq_distances)
+            if replayed is not None:  # the graph has updated the codebook: the codes come from its copy
+                labels, codebook_used, sq_distances = replayed
+                counts = None
+            else:
+                codebook_used = codebook.detach()
+            quantized, commitment, loss = _Quantize.apply(flat, labels, codebook_used, sq_distances,
+                                                          self.commitment_weight)
+            codebook_loss = None
             if self.learnable_codebook and flat.shape[0]:
                 # The codes again, this time carrying the codebook's gradient.
                 codebook_loss = F.mse_loss(F.embedding(labels, codebook), detached.float())
-            else:
-                codebook_loss = torch.zeros((), device=flat.device)
-            loss = self.commitment_weight * commitment + codebook_loss
+                loss = loss + codebook_loss
             if counts is not None and self._initialized:
                 self._update(detached, labels, sums, counts)
         out = VQOutput(quantized.reshape(x.shape), labels.reshape(x.shape[:-1]), loss)
-        return (out, VQLosses(commitment, codebook_loss)) if return_loss_breakdown else out
+        if not return_loss_breakdown:
+            return out
+        return out, VQLosses(commitment, torch.zeros((), device=flat.device) if codebook_loss is None else codebook_loss)
 
     # -- state ------------------------------------------------------------------------------------
 
