@@ -2,7 +2,9 @@
 vs vector-quantize-pytorch, a plain torch layer, and the FLOP floor.
 
 One step = forward of a (32,768, 256) batch through the layer in training mode (assignment, EMA codebook
-update), then backward of ``quantized.square().mean() + loss`` to the input. Inputs are fp32, or bf16 as
+update), then backward to the input from a fixed gradient for ``quantized`` and 1 for ``loss``
+(``--upstream loss``: from ``quantized.square().mean() + loss``, as entries before 2026-11-22's
+"replayed training steps" did). Inputs are fp32, or bf16 as
 they arrive from an encoder under ``torch.autocast(dtype=bfloat16)`` (the step runs under autocast).
 
 Correctness first, on fresh random data each run: the layer's indices on a poisoned-free fresh module are
@@ -92,11 +94,24 @@ def make_layer(library: str, codebook: torch.Tensor):
     return layer
 
 
-def step_fn(layer, x: torch.Tensor, dtype: torch.dtype):
+def step_fn(layer, x: torch.Tensor, dtype: torch.dtype, upstream: str = "grad"):
+    """One training step of ``layer`` on ``x``: forward, then backward to ``x``.
+
+    ``upstream="grad"``: the layer's own forward and backward, given a fixed gradient for its output
+    and 1 for its loss (what the layer costs inside a model, whatever the model's loss).
+    ``"loss"``: the backward of ``quantized.float().square().mean() + loss``, a stand-in model
+    loss whose own elementwise passes (about 0.07 GPU ms and some twenty launches at 32,768 x 256)
+    are timed too; entries before 2026-11-22's "replayed training steps" used it.
+    """
+    grad = torch.randn(x.shape, device=x.device, dtype=x.dtype) if upstream == "grad" else None
+
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             quantized, _, loss = layer(x)
-            (quantized.float().square().mean() + loss).backward()
+            if grad is None:
+                (quantized.float().square().mean() + loss).backward()
+            else:
+                torch.autograd.backward((quantized, loss), (grad.to(quantized.dtype), torch.ones_like(loss)))
         x.grad = None
     return step
 
@@ -188,6 +203,9 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--codes", type=int, nargs="*", default=[k for _, _, k in WORKLOADS],
                         help="codebook sizes to run (of 8192 and 65536)")
+    parser.add_argument("--upstream", choices=["grad", "loss"], default="grad",
+                        help="what the backward starts from: a fixed gradient for the output (the layer alone), or a "
+                             "stand-in model loss (see step_fn)")
     parser.add_argument("--profile", action="store_true", help="profile the torchkm layer instead of the comparison")
     parser.add_argument("--profile-compiled", action="store_true",
                         help="profile the compiled torchkm layer's kernels at 32,768 x 256, 8192 codes")
@@ -214,7 +232,7 @@ def main() -> None:
         args.libraries = [lib for lib in args.libraries if lib != "vector-quantize-pytorch"]
     meta = {
         "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": triton.__version__, "vector_quantize_pytorch": vqp_version, "python": platform.python_version(), **rates,
+        "triton": triton.__version__, "vector_quantize_pytorch": vqp_version, "upstream": args.upstream, "python": platform.python_version(), **rates,
     }
     print(json.dumps(meta))
     rows = []
@@ -241,7 +259,7 @@ def main() -> None:
                     torch._dynamo.reset()  # each variant compiles afresh (no recompile limit across them)
                     layer = torch.compile(layer, fullgraph=True, mode=mode)
                 try:
-                    t = ms(step_fn(layer, x, dtype))
+                    t = ms(step_fn(layer, x, dtype, args.upstream))
                 except torch.OutOfMemoryError:
                     t = float("nan")
                 except Exception as error:  # a compiled variant that does not run is reported, not fatal
@@ -251,6 +269,7 @@ def main() -> None:
                     traceback.print_exc()
                     t = float("nan")
                 del layer
+                torchkm.empty_cache()
                 torch.cuda.empty_cache()
                 group.append({"n": n, "dim": dim, "codes": k, "dtype": dtype_name, "library": library, "ms": t,
                               "floor_ms": floor, "check": checked})

@@ -3,6 +3,11 @@ pass per shape, queries replayed as CUDA graphs), with kept passes run eagerly
 (``TORCHKM_REPLAY_QUERIES=0``) and with a new ``AssignPass`` per call (``TORCHKM_REUSE_PASSES=0``),
 alternating the settings within one process.
 
+``TORCHKM_REPLAY_QUERIES=0`` also stops the VQ layer replaying its whole training step, while
+``TORCHKM_REUSE_PASSES=0`` does not (the step's graph holds its own pass): for the layer, the
+columns read "whole step replayed / eager with kept passes / whole step replayed" (since
+2026-11-22's replayed training steps).
+
 Cases: the VQ layer's eager training step (32,768 x 256, 8192 codes; fp32 and bf16 under autocast),
 ``torchkm.assign`` queries (the VQ size and a small one), and whole fits at seed 000's size
 (245,760 x 32, k = 1024, sigma^2 = 0.0125; dense and pruned, the same start each time). Each
