@@ -450,7 +450,7 @@ def test_replayed_steps_survive_deepcopy_and_pickle_and_empty_cache():
     import pickle
 
     vq = VectorQuantizer(6, 3, kmeans_init=False)
-    vq._replayed.entries[("a key",)] = {"graph": None, "failed": True}
+    vq._replayed.entries[("a key",)] = None
     assert not copy.deepcopy(vq)._replayed.entries
     assert not pickle.loads(pickle.dumps(vq))._replayed.entries
     torchkm._ops._replay_holders.add(vq._replayed)
@@ -480,9 +480,11 @@ def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, co
         x_eager = x.detach().clone().requires_grad_()
         seed = int(rng.integers(1 << 31))
         for entry in replayed._replayed.entries.values():
-            if entry.get("graph") is not None:
-                for name in ("labels", "codebook", "sq_total"):
-                    entry[name].fill_(-1 if name == "labels" else float("nan"))
+            if entry is not None and entry.graph is not None:
+                labels, codebook, sq_total = entry.outputs
+                labels.fill_(-1)
+                codebook.fill_(float("nan"))
+                sq_total.fill_(float("nan"))
         torch.cuda.manual_seed(seed)
         out, parts = replayed(x, return_loss_breakdown=True)
         monkeypatch.setenv("TORCHKM_REPLAY_QUERIES", "0")
@@ -492,7 +494,8 @@ def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, co
         (out.quantized.float().square().mean() + out.loss).backward()
         (want.quantized.float().square().mean() + want.loss).backward()
         (entry,) = replayed._replayed.entries.values()
-        assert not entry["failed"] and (entry["graph"] is not None) == (step >= 1)
+        assert (entry is not None) == (step >= 1)
+        assert entry is None or (not entry.failed and entry.graph is not None)
         assert torch.equal(out.indices, want.indices)
         assert torch.equal(out.quantized, want.quantized)
         torch.testing.assert_close(parts.commitment, want_parts.commitment, rtol=1e-5, atol=0)
@@ -501,8 +504,8 @@ def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, co
         for name in ("cluster_size", "embed_sum", "codebook"):
             torch.testing.assert_close(getattr(replayed, name), getattr(eager, name), rtol=1e-5, atol=1e-5)
         if step >= 1:
-            assert out.indices.data_ptr() != entry["labels"].data_ptr()
-            assert out.quantized.data_ptr() != entry["codebook"].data_ptr()
+            assert out.indices.data_ptr() != entry.outputs[0].data_ptr()
+            assert out.quantized.data_ptr() != entry.outputs[1].data_ptr()
         handed_out.append(out.quantized)
     assert len({t.data_ptr() for t in handed_out}) == len(handed_out)
     if threshold:

@@ -18,7 +18,7 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -32,7 +32,6 @@ __all__ = [
     "assign",
     "assign_and_sum",
     "bounds_supported",
-    "capture_graph",
     "eager_launches",
     "empty_cache",
     "lloyd_engine",
@@ -41,6 +40,7 @@ __all__ = [
     "query_assign",
     "query_assign_and_sum",
     "query_view",
+    "replayed_call",
     "replays_enabled",
     "settings",
     "sq_distances_to",
@@ -394,13 +394,14 @@ def settings() -> tuple:
     return _settings()
 
 
-def capture_graph(run: Callable[[], None], device: torch.device, holder: object) -> torch.cuda.CUDAGraph:
-    """``run``'s launches captured as a CUDA graph (nothing runs), for ``holder``, whose ``clear()``
-    ``empty_cache`` will call to free it."""
-    from ._kernels._common import capture
+def replayed_call(holder: object) -> Any:
+    """A new ``ReplayedCall`` of the kernels (``fn(static)`` captured as a CUDA graph at its first
+    call, replayed after copying the inputs in), for ``holder``, whose ``clear()`` ``empty_cache``
+    will call to free it."""
+    from ._kernels._common import ReplayedCall
 
     _replay_holders.add(holder)
-    return capture(run, device)
+    return ReplayedCall()
 
 
 def empty_cache() -> None:

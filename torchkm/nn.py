@@ -126,7 +126,8 @@ class _ReplayedSteps:
     MAX_SHAPES = 2
 
     def __init__(self) -> None:
-        self.entries: dict[tuple, dict[str, Any]] = {}
+        # None: the key's first step ran eagerly (the kernels compile); then its ``ReplayedCall``.
+        self.entries: dict[tuple, Any] = {}
 
     def clear(self) -> None:
         self.entries.clear()
@@ -148,33 +149,20 @@ class _ReplayedSteps:
         copy of the codebook they index and its sum of squared distances (both read before the next
         replay), or None where this step must run eagerly (the key's first, or a failed capture)."""
         key = self.key(layer, flat)
-        entry = self.entries.pop(key, None)
-        if entry is None:
-            entry = {"graph": None, "failed": False}
-        self.entries[key] = entry
+        seen = key in self.entries
+        call = self.entries.pop(key, None)
+        if seen and call is None:
+            call = _ops.replayed_call(self)
+        self.entries[key] = call
         while len(self.entries) > self.MAX_SHAPES:
             self.entries.pop(next(iter(self.entries)))
-        if entry["failed"]:
+        if call is None:
             return None
-        if "flat" not in entry:  # first step of this key: eager (the kernels compile), then capture
-            entry["flat"] = torch.empty_like(flat)
+        outputs = call(lambda static: layer._step_on(static["flat"]), {"flat": flat}, flat.device)
+        if outputs is None:
             return None
-        entry["flat"].copy_(flat)
-        if entry["graph"] is None:
-            outputs: dict[str, torch.Tensor] = {}
-
-            def run() -> None:
-                outputs.update(zip(("labels", "codebook", "sq_total"), layer._step_on(entry["flat"])))
-
-            try:
-                entry["graph"] = _ops.capture_graph(run, flat.device, self)
-            except RuntimeError as err:  # capture not possible here: this key stays eager
-                logger.debug("VectorQuantizer: CUDA graph capture of the training step failed (%s)", err)
-                entry["failed"] = True
-                return None
-            entry.update(outputs)
-        entry["graph"].replay()
-        return entry["labels"].clone(), entry["codebook"], entry["sq_total"]
+        labels, codebook, sq_total = outputs
+        return labels.clone(), codebook, sq_total
 
 
 def _distributed() -> bool:

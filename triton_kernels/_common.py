@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -58,6 +60,44 @@ def capture(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGra
             gc.enable()
     torch.cuda.current_stream(device).wait_stream(stream)
     return graph
+
+
+class ReplayedCall:
+    """``fn(static)`` captured as a CUDA graph at the first call and replayed at later ones.
+
+    ``static`` holds the graph's own copies of the inputs (by name; None stays None), into which
+    every call first copies its inputs. A call returns ``fn``'s outputs, the graph's tensors, which
+    the next call overwrites; or None once a capture has failed (then at every call: the caller
+    runs eagerly). Shared by ``assign``'s kept passes and the VQ layer's replayed training steps,
+    whose keys guarantee the same shapes, dtypes and strides at every call.
+    """
+
+    def __init__(self) -> None:
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: dict[str, torch.Tensor | None] = {}
+        self.outputs: Any = None
+        self.failed = False
+
+    def __call__(self, fn: Callable[[dict[str, torch.Tensor | None]], Any], inputs: dict[str, torch.Tensor | None],
+                 device: torch.device) -> Any:
+        if self.failed:
+            return None
+        if self.graph is None:
+            self.static = {name: None if t is None else torch.empty_like(t) for name, t in inputs.items()}
+        for name, t in inputs.items():
+            if t is not None:
+                self.static[name].copy_(t)  # type: ignore[union-attr]
+        if self.graph is None:
+            captured = []
+            try:
+                self.graph = capture(lambda: captured.append(fn(self.static)), device)
+            except RuntimeError as err:  # capture unsupported here: stay eager
+                logging.getLogger("torchkm").debug("CUDA graph capture failed (%s); running eagerly", err)
+                self.failed = True
+                return None
+            self.outputs = captured[0]
+        self.graph.replay()
+        return self.outputs
 
 
 def launch_key(kind: str, k: int, tensors: dict[str, torch.Tensor | None], **flags: object) -> tuple:

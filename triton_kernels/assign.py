@@ -84,8 +84,8 @@ from ._common import (
     UPDATE_DELTA,
     UPDATE_NONE,
     UPDATE_ONEHOT,
+    ReplayedCall,
     accumulate_rows,
-    capture,
     carries,
     carry_rows,
     carry_width,
@@ -1343,8 +1343,9 @@ def assign(
     if kept is None:
         kept = _KeptPass(AssignPass(x, k, precision, update=update, config=config, scaled=scaled))
     run = kept.run
-    if key is not None and kept.replayable(inputs):
-        labels, sq_dist = kept.replay(inputs, store_sq_dist)
+    replayed = kept.replay(inputs, store_sq_dist) if key is not None and kept.replayable(inputs) else None
+    if replayed is not None:
+        labels, sq_dist = replayed
     else:
         labels = torch.empty(n, dtype=torch.int64, device=device) if labels is None else labels
         sq_dist = torch.empty(n, dtype=torch.float32, device=device) if store_sq_dist else None
@@ -1380,49 +1381,33 @@ class _KeptPass:
     def __init__(self, run: AssignPass):
         self.run = run
         self.calls = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.static: dict[str, torch.Tensor | None] = {}
-        self.failed = False
+        self.replayed = ReplayedCall()
 
     def replayable(self, inputs: dict[str, torch.Tensor | None]) -> bool:
         x = inputs["x"]
         assert x is not None
-        return (not self.failed and x.device.type == "cuda" and self.calls >= 1
+        return (not self.replayed.failed and x.device.type == "cuda" and self.calls >= 1
                 and os.environ.get("TORCHKM_REPLAY_QUERIES", "1") != "0"
                 and inputs["prev_labels"] is None and inputs["sample_weight"] is None and inputs["labels"] is None
                 and all(t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0) for t in inputs.values()))
 
-    def replay(self, inputs: dict[str, torch.Tensor | None], store_sq_dist: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def replay(self, inputs: dict[str, torch.Tensor | None],
+               store_sq_dist: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Labels and distances (copies) of the replayed query, or None where it cannot be captured."""
         x = inputs["x"]
         assert x is not None
-        if self.graph is None:
-            self.static = {name: None if t is None else torch.empty_like(t) for name, t in inputs.items()}
-            self.static["labels"] = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-            self.static["sq_dist"] = torch.empty(x.shape[0], dtype=torch.float32, device=x.device) if store_sq_dist else None
-        for name, t in inputs.items():
-            if t is not None:
-                self.static[name].copy_(t)  # type: ignore[union-attr]
-        if self.graph is None:
-            static = self.static
 
-            def run() -> None:
-                self.run(static["x"], static["c32"], offset=static["offset"], row_scale=static["row_scale"],
-                         raw_norms=static["raw_norms"], sample_weight=None, prev_labels=None,
-                         labels=static["labels"], sq_dist=static["sq_dist"])
+        def query(static: dict[str, torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+            labels = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+            sq_dist = torch.empty(x.shape[0], dtype=torch.float32, device=x.device) if store_sq_dist else None
+            self.run(static["x"], static["c32"], offset=static["offset"], row_scale=static["row_scale"],
+                     raw_norms=static["raw_norms"], sample_weight=None, prev_labels=None, labels=labels, sq_dist=sq_dist)
+            return labels, sq_dist
 
-            try:
-                self.graph = capture(run, x.device)
-            except RuntimeError as err:  # capture unsupported here: stay eager
-                logger.debug("CUDA graph capture of a query pass failed (%s); running it eagerly", err)
-                self.failed = True
-                run()
-                return self._outputs()
-        self.graph.replay()
-        return self._outputs()
-
-    def _outputs(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        labels, sq_dist = self.static["labels"], self.static["sq_dist"]
-        assert labels is not None
+        outputs = self.replayed(query, inputs, x.device)
+        if outputs is None:
+            return None
+        labels, sq_dist = outputs
         return labels.clone(), None if sq_dist is None else sq_dist.clone()
 
 

@@ -839,14 +839,14 @@ def test_assign_replays_queries_as_cuda_graphs(monkeypatch, precision, n, d, k, 
         c = x[torch.randint(0, n, (k,), device="cuda", generator=g)].float() + 0.01
         kept = assign_module._reused_passes()
         for held in kept.values():
-            if held.graph is not None:
-                held.static["labels"].fill_(-7)
-                held.static["sq_dist"].fill_(float("nan"))
+            if held.replayed.graph is not None:
+                held.replayed.outputs[0].fill_(-7)
+                held.replayed.outputs[1].fill_(float("nan"))
         got = call(x, c)
         (held,) = kept.values()
-        assert (held.graph is not None) == (step >= 1)
-        if held.graph is not None:
-            assert got[0].labels.data_ptr() != held.static["labels"].data_ptr()
+        assert (held.replayed.graph is not None) == (step >= 1)
+        if held.replayed.graph is not None:
+            assert got[0].labels.data_ptr() != held.replayed.outputs[0].data_ptr()
         monkeypatch.setenv("TORCHKM_REUSE_PASSES", "0")
         want = call(x, c)
         monkeypatch.delenv("TORCHKM_REUSE_PASSES")
@@ -862,4 +862,4 @@ def test_assign_replays_queries_as_cuda_graphs(monkeypatch, precision, n, d, k, 
     if rows.data_ptr() % 16:
         for _ in range(2):
             call(rows, c)
-        assert list(assign_module._reused_passes().values())[-1].graph is None  # (the last used)
+        assert list(assign_module._reused_passes().values())[-1].replayed.graph is None  # (the last used)
