@@ -85,9 +85,10 @@ common.launcher = lambda fn: Compiler(fn)
 import torchkm._kernels.assign as A  # noqa: E402
 import torchkm._kernels.centroids as C  # noqa: E402
 import torchkm._kernels.distances as D  # noqa: E402
+import torchkm._kernels.online as O  # noqa: E402
 import torchkm._kernels.update as U  # noqa: E402
 
-A.launcher = U.launcher = D.launcher = C.launcher = common.launcher
+A.launcher = U.launcher = D.launcher = C.launcher = O.launcher = common.launcher
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
@@ -147,6 +148,13 @@ def main():
                             exact=True, zero=(torch.zeros(3), torch.zeros(2, dtype=torch.int32)),
                             control=torch.zeros(2, dtype=torch.int32), stats_prev=torch.zeros(4, dtype=torch.float64),
                             iteration=1, tol=0.0)
+    k, d = WORKLOADS["VQ-batch"][2], WORKLOADS["VQ-batch"][1]
+    for normalize, rows_dtype in ((False, torch.float32), (True, torch.bfloat16)):
+        c = torch.randn(k, d)
+        O.ema_update(torch.zeros(1, k, d), torch.zeros(1, k), torch.ones(k), c.clone(), c, decay=0.99, eps=1e-5,
+                     offset=torch.zeros(d), normalize=normalize, used=c.clone(), part_inertia=torch.zeros(9),
+                     sq_total=torch.zeros(()), revive_threshold=1.0, revive_from=torch.zeros(2, d, dtype=rows_dtype),
+                     revive_rows=torch.zeros(k, dtype=torch.int64))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ assigned to it ``embed_sum`` (k, d), both float32, and derive the centroids from
   2017, appendix), with Laplace smoothing of the sizes so that rarely used codes never divide by 0.
 
 Everything here is in-place tensor arithmetic without host synchronisation, so it runs inside
-``torch.compile`` graphs and CUDA graphs.
+``torch.compile`` graphs and CUDA graphs. On the kernels, the layer's EMA step does the same in two
+launches (``torchkm._kernels.online.ema_update``, through ``_ops.assign_and_ema_update``); this
+module stays the CPU, ``torch.compile`` and ``torch.distributed`` path, and the kernel's tests hold
+the two together.
 """
 
 from __future__ import annotations

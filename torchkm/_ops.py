@@ -30,9 +30,11 @@ __all__ = [
     "PRECISIONS",
     "StepResult",
     "assign",
+    "assign_and_ema_update",
     "assign_and_sum",
     "bounds_supported",
     "eager_launches",
+    "ema_step_fuses",
     "empty_cache",
     "lloyd_engine",
     "lloyd_step",
@@ -372,6 +374,42 @@ def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: 
         return eager_launches(quantize.straight_through_grad)(grad_quantized, x, codes, grad_commitment, grad_loss,
                                                               loss_weight)
     return _reference.straight_through_grad(grad_quantized, x, codes, grad_commitment, grad_loss, loss_weight)
+
+
+def ema_step_fuses(x: torch.Tensor) -> bool:
+    """Whether :func:`assign_and_ema_update` serves rows ``x``: the kernels' engine on a plain
+    tensor (CUDA, or any device with ``TORCHKM_ENGINE=triton``), outside torch.compile, which
+    traces ``assign_and_sum`` and fuses the update's torch expression itself."""
+    engine = os.environ.get("TORCHKM_ENGINE", "auto")
+    return (engine != "torch" and (x.device.type == "cuda" or engine == "triton") and x.dtype in _KERNEL_DTYPES
+            and not torch.compiler.is_compiling() and type(x) in (torch.Tensor, torch.nn.Parameter))
+
+
+def assign_and_ema_update(
+    x: torch.Tensor, codebook: torch.Tensor, cluster_size: torch.Tensor, embed_sum: torch.Tensor, *,
+    precision: str, decay: float, eps: float, normalize: bool, dead_threshold: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An EMA codebook's training step on the kernels (where :func:`ema_step_fuses`): the rows'
+    labels against ``codebook`` (k, d), then the EMA update of ``cluster_size``, ``embed_sum`` and
+    ``codebook`` (all float32, in place; ``normalize``: unit codes) with the codes whose size falls
+    below ``dead_threshold`` (if > 0) moved onto rows drawn uniformly from ``x`` (torch's
+    generator of ``x``'s device). Returns ``(labels, codebook as it was, sum of squared
+    distances)``: the assignment pass, one draw, and two launches for the update."""
+    from ._kernels import online
+    from ._kernels.assign import assign_keeping_sums
+
+    with torch.no_grad(), _autocast_off(x):
+        data, c = query_view(x, codebook, "euclidean", precision)
+        out = eager_launches(assign_keeping_sums)(data.x, c, **_kernel_inputs(data))
+        revive = dead_threshold > 0 and x.shape[0] > 0
+        rows = torch.randint(0, x.shape[0], (codebook.shape[0],), device=x.device) if revive else None
+        used = torch.empty_like(codebook)
+        sq_total = torch.empty((), dtype=torch.float32, device=x.device)
+        eager_launches(online.ema_update)(
+            out.acc_sums, out.acc_counts, cluster_size, embed_sum, codebook, decay=decay, eps=eps,
+            offset=data.offset.to(torch.float32), normalize=normalize, used=used, part_inertia=out.part_inertia,
+            sq_total=sq_total, revive_threshold=dead_threshold if revive else 0.0, revive_from=x, revive_rows=rows)
+    return out.labels, used, sq_total
 
 
 # Holders of captured work above the kernels (the layers' replayed training steps): each has a

@@ -94,7 +94,7 @@ class _Quantize(torch.autograd.Function):
         ctx.save_for_backward(flat, codes)
         ctx.loss_weight = loss_weight
         inv_numel = 1.0 / max(flat.numel(), 1)
-        total = sq_distances.sum(dtype=torch.float32)
+        total = sq_distances if sq_distances.dim() == 0 else sq_distances.sum(dtype=torch.float32)
         return codes.to(flat.dtype), total * inv_numel, total * (loss_weight * inv_numel)
 
     @staticmethod
@@ -372,7 +372,12 @@ class VectorQuantizer(nn.Module):
     def _step_on(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The GPU work of an EMA training step on detached rows (what ``_ReplayedSteps`` captures):
         labels, a copy of the codebook they index (the update then moves the codebook), and the sum
-        of squared distances."""
+        of squared distances. On the kernels that is the assignment pass and two update launches
+        (``_ops.assign_and_ema_update``), instead of some twenty torch launches."""
+        if _ops.ema_step_fuses(flat):
+            return _ops.assign_and_ema_update(
+                flat, self.codebook, self.cluster_size, self.embed_sum, precision=self.precision, decay=self.decay,
+                eps=self.eps, normalize=self.metric == "cosine", dead_threshold=self.dead_code_threshold)
         codebook = self.codebook.detach()
         labels, sq_distances, sums, counts = _ops.query_assign_and_sum(flat, codebook, self.precision)
         used = codebook.clone()
@@ -415,11 +420,14 @@ class VectorQuantizer(nn.Module):
             codebook = self.codebook
             detached = flat.detach()
             update = self.training and flat.shape[0] > 0
-            replayed = None
+            stepped = None  # (labels, codebook they index, sq total) of a step that updated the codebook
             if update and not self.learnable_codebook and self._initialized:
-                if _ops.replays_enabled(detached) and not self._sync():
-                    replayed = self._replayed(self, detached)
-                if replayed is None:
+                if not self._sync():
+                    if _ops.replays_enabled(detached):
+                        stepped = self._replayed(self, detached)
+                    if stepped is None and _ops.ema_step_fuses(detached):
+                        stepped = self._step_on(detached)
+                if stepped is None:
                     labels, sq_distances, sums, counts = _ops.query_assign_and_sum(detached, codebook.detach(),
                                                                                    self.precision)
             else:
@@ -428,8 +436,8 @@ class VectorQuantizer(nn.Module):
                 if update:  # usage statistics of a learned codebook (dead-code revival)
                     counts = torch.zeros(self.num_codes, device=flat.device).scatter_add_(
                         0, labels, torch.ones_like(labels, dtype=torch.float32))
-            if replayed is not None:  # the graph has updated the codebook: the codes come from its copy
-                labels, codebook_used, sq_distances = replayed
+            if stepped is not None:  # the codebook has moved: the codes come from its copy
+                labels, codebook_used, sq_distances = stepped
                 counts = None
             else:
                 codebook_used = codebook.detach()

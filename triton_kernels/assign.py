@@ -109,7 +109,7 @@ from .configs import (
     small_d_launch,
 )
 
-__all__ = ["PRECISIONS", "AssignOutput", "assign", "assign_reference", "gap_bound_coefficient", "score_bound_coefficients"]
+__all__ = ["PRECISIONS", "AssignOutput", "PassSums", "assign", "assign_keeping_sums", "assign_reference", "gap_bound_coefficient", "score_bound_coefficients"]
 
 PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 
@@ -1313,6 +1313,62 @@ def assign(
             each cluster are added; both or neither.
         store_sq_dist: whether to return the per-row squared distances.
     """
+    if (sums is None) != (counts is None):
+        raise ValueError("pass both sums and counts, or neither")
+    run, labels, sq_dist, kept = _run_pass(
+        x, centroids, precision=precision, offset=offset, row_scale=row_scale, raw_norms=raw_norms,
+        sample_weight=sample_weight, prev_labels=prev_labels, labels=labels, update=sums is not None,
+        store_sq_dist=store_sq_dist, config=config)
+    if sums is not None:
+        sums += run.acc_sums.sum(0)
+        counts += run.acc_counts.sum(0)
+    rechecked = run.flag_count[0]
+    if kept:  # the next call with this key overwrites the pass's buffers: hand out a copy
+        rechecked = rechecked.clone()
+    return AssignOutput(labels, sq_dist, run.part_inertia.sum(), run.part_changed.sum(), rechecked)
+
+
+class PassSums(NamedTuple):
+    """What :func:`assign_keeping_sums` returns. The last three are the pass's own buffers, valid
+    until the next pass of the same shape on this thread: ``acc_sums`` (R, k, d) and ``acc_counts``
+    (R, k), float32 replicas whose sum over R is the per-cluster sums of the transformed rows and
+    their counts, and ``part_inertia`` (P,), float32 partials whose sum is the sum of the squared
+    distances."""
+
+    labels: torch.Tensor
+    sq_dist: torch.Tensor | None
+    acc_sums: torch.Tensor
+    acc_counts: torch.Tensor
+    part_inertia: torch.Tensor
+
+
+def assign_keeping_sums(
+    x: torch.Tensor,
+    centroids: torch.Tensor,
+    *,
+    precision: str = "exact",
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    raw_norms: torch.Tensor | None = None,
+    store_sq_dist: bool = False,
+) -> PassSums:
+    """:func:`assign` with the per-cluster sums left in the pass's accumulators, unreduced, for a
+    following kernel (``online.ema_update``) to fold in: no zeroed sums, no reductions, no totals,
+    which a VQ layer's training step, bound by launches, notices."""
+    run, labels, sq_dist, _ = _run_pass(
+        x, centroids, precision=precision, offset=offset, row_scale=row_scale, raw_norms=raw_norms,
+        sample_weight=None, prev_labels=None, labels=None, update=True, store_sq_dist=store_sq_dist, config=None)
+    return PassSums(labels, sq_dist, run.acc_sums, run.acc_counts, run.part_inertia)
+
+
+def _run_pass(
+    x: torch.Tensor, centroids: torch.Tensor, *, precision: str, offset: torch.Tensor | None,
+    row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None, sample_weight: torch.Tensor | None,
+    prev_labels: torch.Tensor | None, labels: torch.Tensor | None, update: bool, store_sq_dist: bool,
+    config: dict | None,
+) -> tuple[AssignPass, torch.Tensor, torch.Tensor | None, bool]:
+    """One assignment pass on a kept (or new) ``AssignPass``: ``(pass, labels, sq_dist, kept)``,
+    ``kept`` saying whether the pass stays kept for the next call of its key."""
     if x.dim() != 2 or centroids.dim() != 2 or x.shape[1] != centroids.shape[1]:
         raise ValueError(f"expected x (n, d) and centroids (k, d), got {tuple(x.shape)} and {tuple(centroids.shape)}")
     if x.dtype not in _OPERAND_ERROR:
@@ -1321,8 +1377,6 @@ def assign(
         raise ValueError(f"x is on {x.device} but centroids are on {centroids.device}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if (sums is None) != (counts is None):
-        raise ValueError("pass both sums and counts, or neither")
     n = x.shape[0]
     k = centroids.shape[0]
     if k == 0:
@@ -1334,7 +1388,6 @@ def assign(
     if raw_norms is None and (check or (fast_pass and row_scale is not None)):
         raise ValueError('precision="exact" and row_scale need raw_norms')
     offset32 = None if offset is None else offset.to(torch.float32).contiguous()
-    update = sums is not None
     scaled = row_scale is not None
     inputs = {"x": x, "c32": c32, "offset": offset32, "row_scale": row_scale, "raw_norms": raw_norms,
               "sample_weight": sample_weight, "prev_labels": prev_labels, "labels": labels}
@@ -1352,18 +1405,12 @@ def assign(
         run(x, c32, offset=offset32, row_scale=row_scale, raw_norms=raw_norms, sample_weight=sample_weight,
             prev_labels=prev_labels, labels=labels, sq_dist=sq_dist)
         kept.calls += 1
-    if sums is not None:
-        sums += run.acc_sums.sum(0)
-        counts += run.acc_counts.sum(0)
-    rechecked = run.flag_count[0]
     if key is not None:
-        # The next call with this key overwrites the pass's buffers: hand out a copy.
-        rechecked = rechecked.clone()
         passes = _reused_passes()
         passes[key] = kept
         while len(passes) > REUSED_PASSES:
             passes.pop(next(iter(passes)))
-    return AssignOutput(labels, sq_dist, run.part_inertia.sum(), run.part_changed.sum(), rechecked)
+    return run, labels, sq_dist, key is not None
 
 
 class _KeptPass:
