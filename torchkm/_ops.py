@@ -361,14 +361,17 @@ def query_assign_and_sum(
 
 
 def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: torch.Tensor,
-                          grad_commitment: torch.Tensor, grad_loss: torch.Tensor, loss_weight: float) -> torch.Tensor:
+                          grad_commitment: torch.Tensor | None, grad_loss: torch.Tensor | None,
+                          loss_weight: float) -> torch.Tensor:
     """A VQ layer's input gradient, ``grad_quantized + (grad_commitment + loss_weight * grad_loss)
-    * 2 / x.numel() * (x - codes)`` in ``x``'s dtype: one kernel on CUDA (outside torch.compile,
-    which fuses the torch expression itself), the torch expression elsewhere."""
+    * 2 / x.numel() * (x - codes)`` in ``x``'s dtype (an absent scalar gradient counting 0): one
+    kernel on CUDA (outside torch.compile, which fuses the torch expression itself), the torch
+    expression elsewhere."""
     engine = os.environ.get("TORCHKM_ENGINE", "auto")
     if (engine != "torch" and (x.device.type == "cuda" or engine == "triton") and x.dtype in _KERNEL_DTYPES
             and not torch.compiler.is_compiling()
-            and all(type(t) is torch.Tensor for t in (grad_quantized, x, codes, grad_commitment, grad_loss))):
+            and all(t is None or type(t) is torch.Tensor
+                    for t in (grad_quantized, x, codes, grad_commitment, grad_loss))):
         from ._kernels import quantize
 
         return eager_launches(quantize.straight_through_grad)(grad_quantized, x, codes, grad_commitment, grad_loss,

@@ -93,15 +93,20 @@ class _Quantize(torch.autograd.Function):
         codes = F.embedding(labels, codebook)
         ctx.save_for_backward(flat, codes)
         ctx.loss_weight = loss_weight
+        # Unused outputs' gradients stay None (usually the commitment's): no zeros launched for them.
+        ctx.set_materialize_grads(False)
         inv_numel = 1.0 / max(flat.numel(), 1)
         total = sq_distances if sq_distances.dim() == 0 else sq_distances.sum(dtype=torch.float32)
         return codes.to(flat.dtype), total * inv_numel, total * (loss_weight * inv_numel)
 
     @staticmethod
-    def backward(ctx, grad_quantized: torch.Tensor, grad_commitment: torch.Tensor, grad_loss: torch.Tensor):
-        if not ctx.needs_input_grad[0]:
+    def backward(ctx, grad_quantized: torch.Tensor | None, grad_commitment: torch.Tensor | None,
+                 grad_loss: torch.Tensor | None):
+        if not ctx.needs_input_grad[0] or (grad_quantized is None and grad_commitment is None and grad_loss is None):
             return None, None, None, None, None
         flat, codes = ctx.saved_tensors
+        if grad_quantized is None:
+            grad_quantized = torch.zeros_like(flat)
         grad = _ops.straight_through_grad(grad_quantized, flat, codes, grad_commitment, grad_loss, ctx.loss_weight)
         return grad, None, None, None, None
 

@@ -35,3 +35,17 @@ def test_straight_through_grad_takes_any_strides_and_empty_inputs():
     assert straight_through_grad(empty, empty, empty, one, one, 1.0).shape == (0, 5)
     with pytest.raises(ValueError, match="shapes differ"):
         straight_through_grad(x, x, codes[:-1], one, one, 1.0)
+
+
+@pytest.mark.parametrize("present", ["commitment", "loss", "neither"])
+def test_straight_through_grad_counts_an_absent_scalar_gradient_as_zero(present):
+    """Autograd leaves an unused output's gradient as None (the layer does not materialise it)."""
+    g = torch.Generator().manual_seed(3)
+    x, codes, grad_q = (torch.randn(29, 7, generator=g).to(DEVICE) for _ in range(3))
+    gc = torch.tensor(0.5, device=DEVICE) if present == "commitment" else None
+    gl = torch.tensor(1.5, device=DEVICE) if present == "loss" else None
+    zero = torch.zeros((), device=DEVICE)
+    want = straight_through_grad_reference(grad_q, x, codes, zero if gc is None else gc, zero if gl is None else gl,
+                                           0.25)
+    for fn in (straight_through_grad, straight_through_grad_reference):
+        torch.testing.assert_close(fn(grad_q, x, codes, gc, gl, 0.25), want, rtol=1e-6, atol=1e-7)
