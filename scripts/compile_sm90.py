@@ -149,6 +149,8 @@ def main():
                             control=torch.zeros(2, dtype=torch.int32), stats_prev=torch.zeros(4, dtype=torch.float64),
                             iteration=1, tol=0.0)
     k, d = WORKLOADS["VQ-batch"][2], WORKLOADS["VQ-batch"][1]
+    for codes in (k, 65536):
+        C.centre_rows(torch.zeros(codes, d))
     for normalize, rows_dtype in ((False, torch.float32), (True, torch.bfloat16)):
         c = torch.randn(k, d)
         O.ema_update(torch.zeros(1, k, d), torch.zeros(1, k), torch.ones(k), c.clone(), c, decay=0.99, eps=1e-5,

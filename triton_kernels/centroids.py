@@ -21,7 +21,8 @@ import triton.language as tl
 
 from ._common import launcher, unused
 
-__all__ = ["Prepared", "amax_parts", "finish_update", "finish_update_reference", "half_row_floor", "half_scale_reference",
+__all__ = ["Prepared", "amax_parts", "centre_rows", "centre_rows_reference", "finish_update", "finish_update_reference",
+           "half_row_floor", "half_scale_reference",
            "prepare_centroids", "prepare_centroids_reference",
            "round_to_tf32", "shift_top_reference", "unpack_shift_top"]
 
@@ -605,3 +606,73 @@ def finish_update_reference(
     stats = torch.stack([part_inertia.double().sum(), ((new - centroids) ** 2).sum().double(),
                          part_changed.sum().double(), (counts <= 0).sum().double()])
     return new, sums, counts, stats
+
+
+@triton.jit
+def _column_partials_kernel(c_ptr, partials_ptr, k, d, ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
+                            BLOCK_D: tl.constexpr):
+    # Program p: the column sums of rows [p * ROWS, (p + 1) * ROWS) into partials[p].
+    for d0 in range(0, d, BLOCK_D):
+        dims = d0 + tl.arange(0, BLOCK_D)
+        acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+        for r0 in range(0, ROWS, BLOCK_R):
+            rows = tl.program_id(0) * ROWS + r0 + tl.arange(0, BLOCK_R)
+            acc += tl.load(c_ptr + rows.to(tl.int64)[:, None] * d + dims[None, :],
+                           mask=(rows < k)[:, None] & (dims < d)[None, :], other=0.0)
+        tl.store(partials_ptr + tl.program_id(0) * d + dims, tl.sum(acc, axis=0), mask=dims < d)
+
+
+@triton.jit
+def _centre_kernel(c_ptr, partials_ptr, n_partials, out_ptr, mean_ptr, k, d,
+                   ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+    # Program (r, j): the mean of column block j from every partial (the same sum, in the same
+    # order, in every program), then rows [r * ROWS, (r + 1) * ROWS) minus it.
+    dims = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dim_mask = dims < d
+    total = tl.zeros((BLOCK_P, BLOCK_D), tl.float32)
+    for p0 in range(0, n_partials, BLOCK_P):
+        parts = p0 + tl.arange(0, BLOCK_P)
+        total += tl.load(partials_ptr + parts[:, None] * d + dims[None, :],
+                         mask=(parts < n_partials)[:, None] & dim_mask[None, :], other=0.0)
+    mean = tl.sum(total, axis=0) / k
+    if tl.program_id(0) == 0:
+        tl.store(mean_ptr + dims, mean, mask=dim_mask)
+    for r0 in range(tl.program_id(0) * ROWS, tl.minimum((tl.program_id(0) + 1) * ROWS, k), BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        offs = rows.to(tl.int64)[:, None] * d + dims[None, :]
+        mask = (rows < k)[:, None] & dim_mask[None, :]
+        tl.store(out_ptr + offs, tl.load(c_ptr + offs, mask=mask, other=0.0) - mean[None, :], mask=mask)
+
+
+def centre_rows(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(c - mean, mean)`` of contiguous float32 rows ``c`` (k, d), the mean over the rows, in two
+    launches and deterministically (fixed summation order). What torch does in a column reduction
+    and a subtraction, 24 us for 8192 x 256 on an H200, much of it in the reduction's kernel for a
+    leading dimension."""
+    if c.dim() != 2 or c.dtype != torch.float32 or not c.is_contiguous():
+        raise ValueError(f"c must be a contiguous float32 (k, d) tensor, got {c.dtype} {tuple(c.shape)}")
+    k, d = c.shape
+    out = torch.empty_like(c)
+    mean = torch.empty(d, dtype=torch.float32, device=c.device)
+    if k == 0 or d == 0:
+        return out, mean.fill_(float("nan"))  # (torch's mean of no rows)
+    # At most 128 partial sums (each then read by every program of the second launch, from L2),
+    # and about 256 programs in the second launch.
+    rows1 = max(16, triton.next_power_of_2(triton.cdiv(k, 128)))
+    n_partials = triton.cdiv(k, rows1)
+    partials = torch.empty(n_partials, d, dtype=torch.float32, device=c.device)
+    block_d = min(128, max(16, triton.next_power_of_2(d)))
+    launcher(_column_partials_kernel)[(n_partials,)](c, partials, k, d, ROWS=rows1, BLOCK_R=min(rows1, 32),
+                                                    BLOCK_D=block_d, num_warps=4)
+    d_blocks = triton.cdiv(d, block_d)
+    rows2 = max(32, triton.next_power_of_2(triton.cdiv(k * d_blocks, 256)))
+    launcher(_centre_kernel)[(triton.cdiv(k, rows2), d_blocks)](
+        c, partials, n_partials, out, mean, k, d, ROWS=rows2, BLOCK_R=32, BLOCK_D=block_d,
+        BLOCK_P=min(64, max(2, triton.next_power_of_2(n_partials))), num_warps=4)
+    return out, mean
+
+
+def centre_rows_reference(c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``centre_rows`` in torch."""
+    mean = c.mean(0)
+    return c - mean, mean
