@@ -473,28 +473,38 @@ def test_replayed_steps_survive_deepcopy_and_pickle_and_empty_cache():
 @pytest.mark.parametrize(("n", "dim", "codes", "dtype", "threshold"), [
     (4099, 64, 512, torch.float32, 0.0), (4099, 64, 512, torch.float32, 2.0),
     (3001, 3, 40, torch.float32, 0.0), (2048, 256, 1000, torch.bfloat16, 0.5)])
-def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, codes, dtype, threshold):
-    """From a shape's second training step on, the EMA step is a replayed CUDA graph. Each step
-    (fresh batch, both layers starting from the same state and CUDA seed) gives what an eager
-    twin (``TORCHKM_REPLAY_QUERIES=0``) gives: codes, quantized output, loss, input gradient,
-    codebook statistics (sums through atomics: to 1e-5), dead codes revived on the same rows; the
-    graph's outputs are poisoned before a replay, and what a step hands out is not the graph's."""
+@pytest.mark.parametrize("addresses", ["same", "moving"])
+def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, codes, dtype, threshold, addresses):
+    """From a shape's second training step on, the EMA step is a replayed CUDA graph: one reading
+    the batch in place while batches come at the address it was captured with (``"same"``),
+    another copying it in for batches elsewhere (``"moving"``). Each step (fresh values, both
+    layers starting from the same state and CUDA seed) gives what an eager twin
+    (``TORCHKM_REPLAY_QUERIES=0``) gives: codes, quantized output, loss, input gradient, codebook
+    statistics (sums through atomics: to 1e-5), dead codes revived on the same rows; the graphs'
+    outputs are poisoned before a replay, and what a step hands out is not the graph's."""
     rng = np.random.default_rng()
     replayed = VectorQuantizer(codes, dim, kmeans_init=False, precision=precision,
                                dead_code_threshold=threshold).cuda().train()
     eager = copy.deepcopy(replayed)
-    handed_out = []
+    handed_out, batches = [], []
+    storage = torch.empty(n, dim, device="cuda", dtype=dtype)
     for step in range(5):
         eager.load_state_dict(replayed.state_dict())  # (in place: the buffers keep their addresses)
-        x = torch.from_numpy(rng.standard_normal((n, dim), dtype=np.float32)).cuda().to(dtype).requires_grad_()
+        values = torch.from_numpy(rng.standard_normal((n, dim), dtype=np.float32)).cuda().to(dtype)
+        if addresses == "same":  # a new leaf on the same memory each step
+            x = storage.detach().copy_(values).requires_grad_()
+        else:  # earlier batches stay alive: every batch lies elsewhere
+            x = values.requires_grad_()
+            batches.append(x)
         x_eager = x.detach().clone().requires_grad_()
         seed = int(rng.integers(1 << 31))
         for entry in replayed._replayed.entries.values():
-            if entry is not None and entry.graph is not None:
-                labels, codebook, sq_total = entry.outputs
-                labels.fill_(-1)
-                codebook.fill_(float("nan"))
-                sq_total.fill_(float("nan"))
+            for call in entry or ():
+                if call.graph is not None:
+                    labels, codebook, sq_total = call.outputs
+                    labels.fill_(-1)
+                    codebook.fill_(float("nan"))
+                    sq_total.fill_(float("nan"))
         torch.cuda.manual_seed(seed)
         out, parts = replayed(x, return_loss_breakdown=True)
         monkeypatch.setenv("TORCHKM_REPLAY_QUERIES", "0")
@@ -505,7 +515,13 @@ def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, co
         (want.quantized.float().square().mean() + want.loss).backward()
         (entry,) = replayed._replayed.entries.values()
         assert (entry is not None) == (step >= 1)
-        assert entry is None or (not entry.failed and entry.graph is not None)
+        served = None
+        if entry is not None:
+            in_place, copying = entry
+            assert not in_place.failed and not copying.failed and in_place.graph is not None
+            # Step 1 captures the in-place graph; moving batches then take the copying one.
+            assert (copying.graph is not None) == (addresses == "moving" and step >= 2)
+            served = copying if addresses == "moving" and step >= 2 else in_place
         assert torch.equal(out.indices, want.indices)
         assert torch.equal(out.quantized, want.quantized)
         torch.testing.assert_close(parts.commitment, want_parts.commitment, rtol=1e-5, atol=0)
@@ -513,9 +529,9 @@ def test_training_steps_replay_as_cuda_graphs(monkeypatch, precision, n, dim, co
         torch.testing.assert_close(x.grad, x_eager.grad, rtol=1e-5, atol=1e-7)
         for name in ("cluster_size", "embed_sum", "codebook"):
             torch.testing.assert_close(getattr(replayed, name), getattr(eager, name), rtol=1e-5, atol=1e-5)
-        if step >= 1:
-            assert out.indices.data_ptr() != entry.outputs[0].data_ptr()
-            assert out.quantized.data_ptr() != entry.outputs[1].data_ptr()
+        if served is not None:
+            assert out.indices.data_ptr() != served.outputs[0].data_ptr()
+            assert out.quantized.data_ptr() != served.outputs[1].data_ptr()
         handed_out.append(out.quantized)
     assert len({t.data_ptr() for t in handed_out}) == len(handed_out)
     if threshold:

@@ -438,14 +438,15 @@ def settings() -> tuple:
     return _settings()
 
 
-def replayed_call(holder: object) -> Any:
+def replayed_call(holder: object, aliased: bool = False) -> Any:
     """A new ``ReplayedCall`` of the kernels (``fn(static)`` captured as a CUDA graph at its first
-    call, replayed after copying the inputs in), for ``holder``, whose ``clear()`` ``empty_cache``
-    will call to free it."""
+    call, replayed after copying the inputs in; ``aliased``: reading them in place, for inputs at
+    the first call's addresses only), for ``holder``, whose ``clear()`` ``empty_cache`` will call
+    to free it."""
     from ._kernels._common import ReplayedCall
 
     _replay_holders.add(holder)
-    return ReplayedCall()
+    return ReplayedCall(aliased)
 
 
 def empty_cache() -> None:

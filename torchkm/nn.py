@@ -116,14 +116,16 @@ class _ReplayedSteps:
     revival) replayed as a CUDA graph, per input shape, from the shape's second step on.
 
     An eager step launches some twenty kernels and is bound by host time (H200, 32,768 x 256,
-    8192 codes: 1.4-2.0 ms a step against about 0.7 ms of GPU work). A replay copies the batch into
-    the graph's input and launches the graph; the codes are then gathered from the graph's copy
-    of the codebook as it was before the update. Kept for the last
+    8192 codes: 1.4-2.0 ms a step against about 0.7 ms of GPU work). A replay launches the graph,
+    which reads the batch in place where it lies at the address the graph was captured with, and
+    otherwise a second graph's copy of it; the codes are then gathered from the graph's copy of
+    the codebook as it was before the update. Kept for the last
     ``MAX_SHAPES`` keys: shape, dtype, strides, device and stream of the batch, the addresses of
     the codebook's buffers (a moved or replaced buffer makes a new key), the layer's settings,
-    inference mode and the ``TORCHKM_*`` environment. Each holds a copy of its batch, the graph's
-    memory pool and a copy of the codebook: 56 MiB at 32,768 x 256 with 8192 codes (H200,
-    2026-11-22). Dead-code revival draws from torch's CUDA generator, which replays advance as
+    inference mode and the ``TORCHKM_*`` environment. Each holds the graph's memory pool and a copy
+    of the codebook, and, once a batch comes at another address than the one the key's graph
+    reads in place, a second graph with a copy of its batch: 56 MiB for one graph at 32,768 x 256
+    with 8192 codes (H200, 2026-11-22, with the copy). Dead-code revival draws from torch's CUDA generator, which replays advance as
     eager steps would. ``TORCHKM_REPLAY_QUERIES=0`` turns replays off; :func:`torchkm.empty_cache`
     frees them.
     """
@@ -131,7 +133,11 @@ class _ReplayedSteps:
     MAX_SHAPES = 2
 
     def __init__(self) -> None:
-        # None: the key's first step ran eagerly (the kernels compile); then its ``ReplayedCall``.
+        # None: the key's first step ran eagerly (the kernels compile); then its two
+        # ``ReplayedCall``s: one reading the batch in place (while batches come at the address of the
+        # one it was captured with: a training loop's activations mostly do, and a benchmark's
+        # always), saving a copy of the batch per step (18 us of 0.57 ms for fp32 32,768 x 256
+        # on an H200); the other copying it in, for batches elsewhere.
         self.entries: dict[tuple, Any] = {}
 
     def clear(self) -> None:
@@ -157,13 +163,16 @@ class _ReplayedSteps:
         seen = key in self.entries
         call = self.entries.pop(key, None)
         if seen and call is None:
-            call = _ops.replayed_call(self)
+            call = (_ops.replayed_call(self, aliased=True), _ops.replayed_call(self))
         self.entries[key] = call
         while len(self.entries) > self.MAX_SHAPES:
             self.entries.pop(next(iter(self.entries)))
         if call is None:
             return None
-        outputs = call(lambda static: layer._step_on(static["flat"]), {"flat": flat}, flat.device)
+        in_place, copying = call
+        outputs = in_place(lambda inputs: layer._step_on(inputs["flat"]), {"flat": flat}, flat.device)
+        if outputs is None:
+            outputs = copying(lambda static: layer._step_on(static["flat"]), {"flat": flat}, flat.device)
         if outputs is None:
             return None
         labels, codebook, sq_total = outputs

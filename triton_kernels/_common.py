@@ -68,34 +68,47 @@ class ReplayedCall:
     ``static`` holds the graph's own copies of the inputs (by name; None stays None), into which
     every call first copies its inputs. A call returns ``fn``'s outputs, the graph's tensors, which
     the next call overwrites; or None once a capture has failed (then at every call: the caller
-    runs eagerly). Shared by ``assign``'s kept passes and the VQ layer's replayed training steps,
-    whose keys guarantee the same shapes, dtypes and strides at every call.
+    runs eagerly), and, ``aliased``, for inputs at other addresses than the first call's. Shared by
+    ``assign``'s kept passes and the VQ layer's replayed training steps, whose keys guarantee the
+    same shapes, dtypes and strides at every call.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, aliased: bool = False) -> None:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: dict[str, torch.Tensor | None] = {}
         self.outputs: Any = None
         self.failed = False
+        # ``aliased``: the graph reads the first call's inputs where they lie (no copies), and later
+        # calls replay it only while their inputs lie at the same addresses (a training loop's
+        # activations often do: the allocator hands the freed block back); else they return None.
+        # No reference is kept: the memory is read only when a caller's live input occupies it.
+        self.aliased = aliased
+        self.addresses: dict[str, int] = {}
 
     def __call__(self, fn: Callable[[dict[str, torch.Tensor | None]], Any], inputs: dict[str, torch.Tensor | None],
                  device: torch.device) -> Any:
         if self.failed:
             return None
-        if self.graph is None:
+        addresses = {name: t.data_ptr() for name, t in inputs.items() if t is not None} if self.aliased else {}
+        if self.aliased and self.graph is not None and addresses != self.addresses:
+            return None
+        if self.graph is None and not self.aliased:
             self.static = {name: None if t is None else torch.empty_like(t) for name, t in inputs.items()}
-        for name, t in inputs.items():
-            if t is not None:
-                self.static[name].copy_(t)  # type: ignore[union-attr]
+        if not self.aliased:
+            for name, t in inputs.items():
+                if t is not None:
+                    self.static[name].copy_(t)  # type: ignore[union-attr]
         if self.graph is None:
             captured = []
+            source = inputs if self.aliased else self.static
             try:
-                self.graph = capture(lambda: captured.append(fn(self.static)), device)
+                self.graph = capture(lambda: captured.append(fn(source)), device)
             except RuntimeError as err:  # capture unsupported here: stay eager
                 logging.getLogger("torchkm").debug("CUDA graph capture failed (%s); running eagerly", err)
                 self.failed = True
                 return None
             self.outputs = captured[0]
+            self.addresses = addresses
         self.graph.replay()
         return self.outputs
 

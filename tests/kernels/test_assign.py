@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from torchkm._kernels._common import ReplayedCall
 from torchkm._kernels.assign import (
     assign,
     assign_reference,
@@ -863,3 +864,14 @@ def test_assign_replays_queries_as_cuda_graphs(monkeypatch, precision, n, d, k, 
         for _ in range(2):
             call(rows, c)
         assert list(assign_module._reused_passes().values())[-1].replayed.graph is None  # (the last used)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+def test_aliased_replayed_call_reads_inputs_in_place_at_their_address_only():
+    call = ReplayedCall(aliased=True)
+    a = torch.arange(6.0, device="cuda")
+    out = call(lambda inputs: inputs["v"] * 2, {"v": a}, a.device)
+    assert torch.equal(out, a * 2) and not call.static  # no copy of the inputs kept
+    a.add_(1)
+    assert torch.equal(call(lambda inputs: inputs["v"] * 2, {"v": a}, a.device), a * 2)  # read in place
+    assert call(lambda inputs: inputs["v"] * 2, {"v": a.clone()}, a.device) is None  # elsewhere: not served
