@@ -125,8 +125,8 @@ class _ReplayedSteps:
     inference mode and the ``TORCHKM_*`` environment. Each holds the graph's memory pool and a copy
     of the codebook, and, once a batch comes at another address than the one the key's graph
     reads in place, a second graph with a copy of its batch: 56 MiB for one graph at 32,768 x 256
-    with 8192 codes (H200, 2026-11-22, with the copy). Dead-code revival draws from torch's CUDA generator, which replays advance as
-    eager steps would. ``TORCHKM_REPLAY_QUERIES=0`` turns replays off; :func:`torchkm.empty_cache`
+    with 8192 codes (H200, 2026-11-22, with the copy). Dead-code revival draws from torch's CUDA
+    generator, which replays advance as eager steps would. ``TORCHKM_REPLAY_QUERIES=0`` turns replays off; :func:`torchkm.empty_cache`
     frees them.
     """
 
