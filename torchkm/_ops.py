@@ -79,12 +79,15 @@ def eager_launches(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def _engine_serves(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``TORCHKM_ENGINE`` and the device give tensors of ``dtype`` to the kernels."""
+    engine = os.environ.get("TORCHKM_ENGINE", "auto")
+    return engine != "torch" and dtype in _KERNEL_DTYPES and (device.type == "cuda" or engine == "triton")
+
+
 def uses_kernels(data: DataView) -> bool:
     """Whether the Triton kernels serve this data (else the pure-torch engine)."""
-    engine = os.environ.get("TORCHKM_ENGINE", "auto")
-    if engine == "torch" or data.x.dtype not in _KERNEL_DTYPES or data.dtype != torch.float32:
-        return False
-    return data.device.type == "cuda" or engine == "triton"
+    return data.dtype == torch.float32 and _engine_serves(data.device, data.x.dtype)
 
 
 def _kernel_inputs(data: DataView) -> dict:
@@ -367,9 +370,7 @@ def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: 
     * 2 / x.numel() * (x - codes)`` in ``x``'s dtype (an absent scalar gradient counting 0): one
     kernel on CUDA (outside torch.compile, which fuses the torch expression itself), the torch
     expression elsewhere."""
-    engine = os.environ.get("TORCHKM_ENGINE", "auto")
-    if (engine != "torch" and (x.device.type == "cuda" or engine == "triton") and x.dtype in _KERNEL_DTYPES
-            and not torch.compiler.is_compiling()
+    if (_engine_serves(x.device, x.dtype) and not torch.compiler.is_compiling()
             and all(t is None or type(t) is torch.Tensor
                     for t in (grad_quantized, x, codes, grad_commitment, grad_loss))):
         from ._kernels import quantize
@@ -383,11 +384,11 @@ def ema_step_fuses(x: torch.Tensor) -> bool:
     """Whether :func:`assign_and_ema_update` serves rows ``x``: the kernels' engine on a plain
     tensor (CUDA, or any device with ``TORCHKM_ENGINE=triton``), outside torch.compile, which
     traces ``assign_and_sum`` and fuses the update's torch expression itself."""
-    engine = os.environ.get("TORCHKM_ENGINE", "auto")
-    return (engine != "torch" and (x.device.type == "cuda" or engine == "triton") and x.dtype in _KERNEL_DTYPES
-            and not torch.compiler.is_compiling() and type(x) in (torch.Tensor, torch.nn.Parameter))
+    return (_engine_serves(x.device, x.dtype) and not torch.compiler.is_compiling()
+            and type(x) in (torch.Tensor, torch.nn.Parameter))
 
 
+@eager_launches
 def assign_and_ema_update(
     x: torch.Tensor, codebook: torch.Tensor, cluster_size: torch.Tensor, embed_sum: torch.Tensor, *,
     precision: str, decay: float, eps: float, normalize: bool, dead_threshold: float,
@@ -404,16 +405,16 @@ def assign_and_ema_update(
 
     with torch.no_grad(), _autocast_off(x):
         # Centred as ``query_view`` centres queries, in two launches instead of torch's two slower ones.
-        c, offset = eager_launches(centre_rows)(codebook)
+        c, offset = centre_rows(codebook)
         data = DataView(x, compute_dtype(x.dtype, codebook.dtype), offset, False, precision)
-        out = eager_launches(assign_keeping_sums)(data.x, c, **_kernel_inputs(data))
+        out = assign_keeping_sums(data.x, c, **_kernel_inputs(data))
         revive = dead_threshold > 0 and x.shape[0] > 0
         rows = torch.randint(0, x.shape[0], (codebook.shape[0],), device=x.device) if revive else None
         used = torch.empty_like(codebook)
         sq_total = torch.empty((), dtype=torch.float32, device=x.device)
-        eager_launches(online.ema_update)(
+        online.ema_update(
             out.acc_sums, out.acc_counts, cluster_size, embed_sum, codebook, decay=decay, eps=eps,
-            offset=data.offset.to(torch.float32), normalize=normalize, used=used, part_inertia=out.part_inertia,
+            offset=offset, normalize=normalize, used=used, part_inertia=out.part_inertia,
             sq_total=sq_total, revive_threshold=dead_threshold if revive else 0.0, revive_from=x, revive_rows=rows)
     return out.labels, used, sq_total
 

@@ -89,18 +89,21 @@ class ReplayedCall:
                  device: torch.device) -> Any:
         if self.failed:
             return None
-        addresses = {name: t.data_ptr() for name, t in inputs.items() if t is not None} if self.aliased else {}
-        if self.aliased and self.graph is not None and addresses != self.addresses:
-            return None
-        if self.graph is None and not self.aliased:
-            self.static = {name: None if t is None else torch.empty_like(t) for name, t in inputs.items()}
-        if not self.aliased:
+        addresses: dict[str, int] = {}
+        if self.aliased:
+            addresses = {name: t.data_ptr() for name, t in inputs.items() if t is not None}
+            if self.graph is not None and addresses != self.addresses:
+                return None
+            source = inputs
+        else:
+            if self.graph is None:
+                self.static = {name: None if t is None else torch.empty_like(t) for name, t in inputs.items()}
             for name, t in inputs.items():
                 if t is not None:
                     self.static[name].copy_(t)  # type: ignore[union-attr]
+            source = self.static
         if self.graph is None:
             captured = []
-            source = inputs if self.aliased else self.static
             try:
                 self.graph = capture(lambda: captured.append(fn(source)), device)
             except RuntimeError as err:  # capture unsupported here: stay eager

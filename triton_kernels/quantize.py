@@ -42,26 +42,16 @@ def _straight_through_grad_kernel(grad_q_ptr, x_ptr, codes_ptr, grad_commitment_
     tl.store(out_ptr + offsets, (g + scale * (x - code)).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _scale(grad_commitment: torch.Tensor | None, grad_loss: torch.Tensor | None, loss_weight: float,
-           numel: int) -> torch.Tensor:
-    """``(grad_commitment + loss_weight * grad_loss) * 2 / numel`` (one of them present), an absent
-    gradient counting 0."""
-    scale: torch.Tensor | float = 0.0
-    if grad_commitment is not None:
-        scale = grad_commitment.float()
-    if grad_loss is not None:
-        scale = scale + loss_weight * grad_loss.float()
-    return scale * (2.0 / max(numel, 1))
-
-
 def straight_through_grad_reference(grad_quantized: torch.Tensor, x: torch.Tensor, codes: torch.Tensor,
                                     grad_commitment: torch.Tensor | None, grad_loss: torch.Tensor | None,
                                     loss_weight: float) -> torch.Tensor:
     """The same in torch: fp32 arithmetic, rounded once to ``x``'s dtype."""
     if grad_commitment is None and grad_loss is None:
         return grad_quantized.float().to(x.dtype)
-    scale = _scale(grad_commitment, grad_loss, loss_weight, x.numel())
-    return torch.addcmul(grad_quantized.float(), x.float() - codes.float(), scale).to(x.dtype)
+    scale = 0.0 if grad_commitment is None else grad_commitment.float()
+    if grad_loss is not None:
+        scale = scale + loss_weight * grad_loss.float()
+    return torch.addcmul(grad_quantized.float(), x.float() - codes.float(), scale * (2.0 / max(x.numel(), 1))).to(x.dtype)
 
 
 def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: torch.Tensor,
