@@ -11,6 +11,8 @@ from torchkm._kernels.centroids import (
     half_scale_reference,
     prepare_centroids,
     prepare_centroids_reference,
+    row_norms,
+    row_norms_reference,
     shift_top_reference,
     unpack_shift_top,
 )
@@ -89,6 +91,31 @@ def test_amax_parts_of_the_centroids_alone_keep_the_rows_maxima():
     amax_parts(x * 0, c * 100, parts, 4, rows=False)
     assert torch.equal(parts[:4], rows_max)
     assert parts[4:].max() == 200 * c.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
+@pytest.mark.parametrize("n, d", [(1, 1), (7, 3), (33, 17), (301, 129), (65, 300)])
+def test_row_norms_match_reference(n, d, dtype):
+    g = torch.Generator().manual_seed(n * 1000 + d)
+    wide = (torch.randn(n, 2 * d, generator=g) * 3).to(DEVICE, dtype)
+    for x in (wide[:, :d].contiguous(), wide[:, ::2]):  # contiguous and strided rows
+        out = torch.full((n,), float("nan"), device=DEVICE)
+        row_norms(x, out)
+        torch.testing.assert_close(out, row_norms_reference(x), rtol=2e-6, atol=0)
+
+
+def test_amax_parts_with_norms_give_the_rows_norms_and_the_same_maxima():
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(301, 129, generator=g) * 7).to(DEVICE)
+    c = torch.randn(9, 129, generator=g).to(DEVICE)
+    parts, with_norms = (torch.full((7,), float("nan"), device=DEVICE) for _ in range(2))
+    norms = torch.full((301,), float("nan"), device=DEVICE)
+    amax_parts(x, c, parts, 4)
+    amax_parts(x, c, with_norms, 4, norms=norms)
+    assert torch.equal(parts, with_norms)
+    torch.testing.assert_close(norms, row_norms_reference(x), rtol=2e-6, atol=0)
+    with pytest.raises(ValueError, match="rows=True"):
+        amax_parts(x, c, parts, 4, rows=False, norms=norms)
 
 
 def test_prepare_fp16_operands_rejects_other_rows():

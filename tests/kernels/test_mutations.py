@@ -25,7 +25,7 @@ import pytest
 WRITES = {
     "_prepare_kernel": {"bias_ptr", "bias_exact_ptr", "c_mma_ptr", "c_lo_ptr", "c_exact_ptr", "c_norm_ptr",
                         "zero_f32_ptr", "zero_f64_ptr", "zero_i32_ptr", "control_ptr", "half_ptr"},
-    "_amax_parts_kernel": {"out_ptr"},
+    "_amax_parts_kernel": {"out_ptr", "norm_ptr"},
     "_half_rows_kernel": {"out_ptr"},
     "_assign_kernel": {"acc_ptr", "chunk_min_ptr", "flag_count_ptr", "flag_rows_ptr", "key_ptr", "labels_ptr",
                        "lower_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
