@@ -86,9 +86,10 @@ import torchkm._kernels.assign as A  # noqa: E402
 import torchkm._kernels.centroids as C  # noqa: E402
 import torchkm._kernels.distances as D  # noqa: E402
 import torchkm._kernels.online as O  # noqa: E402
+import torchkm._kernels.quantize as Q  # noqa: E402
 import torchkm._kernels.update as U  # noqa: E402
 
-A.launcher = U.launcher = D.launcher = C.launcher = O.launcher = common.launcher
+A.launcher = U.launcher = D.launcher = C.launcher = O.launcher = Q.launcher = common.launcher
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
@@ -151,6 +152,12 @@ def main():
     k, d = WORKLOADS["VQ-batch"][2], WORKLOADS["VQ-batch"][1]
     for codes in (k, 65536):
         C.centre_rows(torch.zeros(codes, d))
+    C.amax_parts(torch.empty(2, d), torch.zeros(k, d), torch.zeros(8), 4, norms=torch.empty(2))
+    for rows_dtype in (torch.float32, torch.bfloat16):
+        C.row_norms(torch.empty(2, d, dtype=rows_dtype), torch.empty(2))
+        Q.gather_codes(torch.zeros(2, dtype=torch.int64), torch.zeros(k, d), rows_dtype, torch.zeros(()), 0.5, 0.25)
+        Q.straight_through_grad(torch.empty(2, d, dtype=rows_dtype), torch.empty(2, d, dtype=rows_dtype),
+                                torch.empty(2, d), torch.ones(()), torch.ones(()), 0.25)
     for normalize, rows_dtype in ((False, torch.float32), (True, torch.bfloat16)):
         c = torch.randn(k, d)
         O.ema_update(torch.zeros(1, k, d), torch.zeros(1, k), torch.ones(k), c.clone(), c, decay=0.99, eps=1e-5,

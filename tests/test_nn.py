@@ -89,7 +89,10 @@ def test_fused_output_and_commitment_equal_the_plain_formulas(case, engine, requ
     (ref_quantized.float() * upstream.float()).sum().add(ref_commitment * (3.0 + 2.0 * vq.commitment_weight)).backward()
     assert quantized.dtype == dtype and losses.commitment.dtype == torch.float32
     tol = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
-    torch.testing.assert_close(quantized, codes.to(dtype), atol=0, rtol=0)  # the codes themselves
+    # The codes themselves (rounded to bf16 as torch rounds, but by the Triton interpreter, which
+    # truncates: a unit in the last place).
+    exact = engine == "torch" or device == "cuda" or dtype == torch.float32
+    torch.testing.assert_close(quantized, codes.to(dtype), atol=0, rtol=0 if exact else 2.0**-7)
     torch.testing.assert_close(quantized, ref_quantized.detach(), **tol)
     torch.testing.assert_close(losses.commitment, ref_commitment.detach(), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(got_grad, x.grad, **tol)

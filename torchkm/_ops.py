@@ -36,6 +36,7 @@ __all__ = [
     "eager_launches",
     "ema_step_fuses",
     "empty_cache",
+    "gather_codes",
     "lloyd_engine",
     "lloyd_step",
     "pruned_engine",
@@ -363,6 +364,21 @@ def query_assign_and_sum(
         return eager_launches(_assign_and_sum_impl)(x, centroids, precision)
 
 
+def gather_codes(labels: torch.Tensor, codebook: torch.Tensor, dtype: torch.dtype, total: torch.Tensor,
+                 inv_numel: float, loss_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A VQ layer's forward outputs from its labels: ``(codes, codes32, commitment, loss)``, the
+    codes ``codebook[labels]`` in ``dtype`` and in ``codebook``'s dtype (the same tensor where they
+    agree), ``total * inv_numel`` and ``total * (loss_weight * inv_numel)``. One kernel on CUDA
+    (outside torch.compile, which fuses the torch expression itself), the torch expression
+    elsewhere."""
+    if (_engine_serves(codebook.device, dtype) and codebook.dtype == torch.float32 and labels.numel()
+            and not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in (labels, codebook, total))):
+        from ._kernels import quantize
+
+        return eager_launches(quantize.gather_codes)(labels, codebook, dtype, total, inv_numel, loss_weight)
+    return _reference.gather_codes(labels, codebook, dtype, total, inv_numel, loss_weight)
+
+
 def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: torch.Tensor,
                           grad_commitment: torch.Tensor | None, grad_loss: torch.Tensor | None,
                           loss_weight: float) -> torch.Tensor:
@@ -406,8 +422,8 @@ def assign_and_ema_update(
     with torch.no_grad(), _autocast_off(x):
         # Centred as ``query_view`` centres queries, in two launches instead of torch's two slower ones.
         c, offset = centre_rows(codebook)
-        data = DataView(x, compute_dtype(x.dtype, codebook.dtype), offset, False, precision)
-        out = assign_keeping_sums(data.x, c, **_kernel_inputs(data))
+        # (The exact pass takes the rows' norms itself, in the launch that reads them anyway.)
+        out = assign_keeping_sums(x, c, precision=precision, offset=offset)
         revive = dead_threshold > 0 and x.shape[0] > 0
         rows = torch.randint(0, x.shape[0], (codebook.shape[0],), device=x.device) if revive else None
         used = torch.empty_like(codebook)

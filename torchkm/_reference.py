@@ -20,7 +20,8 @@ import torch
 
 from ._validation import iter_row_chunks
 
-__all__ = ["DataView", "assign", "pairwise_sq_distances", "straight_through_grad", "update", "weighted_sum"]
+__all__ = ["DataView", "assign", "gather_codes", "pairwise_sq_distances", "straight_through_grad", "update",
+           "weighted_sum"]
 
 # Temporaries of one chunk (a rows x k distance block) stay near this many elements.
 _ASSIGN_CHUNK_ELEMENTS = 1 << 22
@@ -176,6 +177,13 @@ def update(
             sums.index_put_((lab,), rows, accumulate=True)
             counts.index_put_((lab,), w, accumulate=True)
     return sums, counts
+
+
+def gather_codes(labels: torch.Tensor, codebook: torch.Tensor, dtype: torch.dtype, total: torch.Tensor,
+                 inv_numel: float, loss_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A VQ layer's codes and losses (see ``torchkm._ops.gather_codes``) in torch."""
+    codes = torch.nn.functional.embedding(labels, codebook)
+    return codes.to(dtype), codes, total * inv_numel, total * (loss_weight * inv_numel)
 
 
 def straight_through_grad(grad_quantized: torch.Tensor, x: torch.Tensor, codes: torch.Tensor,

@@ -81,23 +81,25 @@ class _Quantize(torch.autograd.Function):
     ``quantized`` is the codes ``codebook[labels]`` in the input's dtype, with the identity as its
     gradient (straight through); ``commitment`` is ``mean ||x - sg(code)||^2``, ``loss`` is
     ``loss_weight * commitment``. Their values come from the assignment's per-row squared distances
-    (computed from the difference, in fp32; or their 0-d sum), and the backward is one expression,
-    ``g_quantized + (g_commitment + loss_weight g_loss) * 2 (x - code) / x.numel()``, one kernel on
-    CUDA: the usual ``x + (code - x).detach()`` and ``mse_loss`` take four more passes over the batch
+    (computed from the difference, in fp32; or their 0-d sum). On CUDA the forward is one kernel
+    (the codes in the input's dtype, and in fp32 for the backward of 16-bit inputs, and both loss
+    scalars), and the backward one expression,
+    ``g_quantized + (g_commitment + loss_weight g_loss) * 2 (x - code) / x.numel()``, one kernel
+    too: the usual ``x + (code - x).detach()`` and ``mse_loss`` take four more passes over the batch
     forward and two more backward, which a training step at VQ sizes notices.
     """
 
     @staticmethod
     def forward(ctx, flat: torch.Tensor, labels: torch.Tensor, codebook: torch.Tensor, sq_distances: torch.Tensor,
                 loss_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        codes = F.embedding(labels, codebook)
-        ctx.save_for_backward(flat, codes)
+        total = sq_distances if sq_distances.dim() == 0 else sq_distances.sum(dtype=torch.float32)
+        codes, codes32, commitment, loss = _ops.gather_codes(labels, codebook, flat.dtype, total,
+                                                             1.0 / max(flat.numel(), 1), loss_weight)
+        ctx.save_for_backward(flat, codes32)
         ctx.loss_weight = loss_weight
         # Unused outputs' gradients stay None (usually the commitment's): no zeros launched for them.
         ctx.set_materialize_grads(False)
-        inv_numel = 1.0 / max(flat.numel(), 1)
-        total = sq_distances if sq_distances.dim() == 0 else sq_distances.sum(dtype=torch.float32)
-        return codes.to(flat.dtype), total * inv_numel, total * (loss_weight * inv_numel)
+        return codes, commitment, loss
 
     @staticmethod
     def backward(ctx, grad_quantized: torch.Tensor | None, grad_commitment: torch.Tensor | None,
