@@ -10,7 +10,9 @@ they arrive from an encoder under ``torch.autocast(dtype=bfloat16)`` (the step r
 Correctness first, on fresh random data each run: the layer's indices on a poisoned-free fresh module are
 checked against a float64 argmin over the codebook it used (exact mode: equal except near-ties; fast mode:
 the fraction that differs is printed), and its EMA statistics against torch's one-hot sums; only then is
-anything timed (CUDA events via triton.testing.do_bench, median).
+anything timed: wall time per step (CUDA events via triton.testing.do_bench, median; the host's
+time where it is the longer), and GPU time per step with the host ahead (``gpu_ms``: steps queued
+behind a device-side sleep, as inside a model whose GPU work keeps the host ahead).
 
 A library name ending in ``-compiled`` (``torchkm-fast-compiled``) times ``torch.compile(layer,
 fullgraph=True)`` of that layer (Inductor, no CUDA graphs), ``-cudagraphs`` the same with
@@ -142,6 +144,34 @@ def check(library: str, x: torch.Tensor, codebook: torch.Tensor, dtype: torch.dt
     return out
 
 
+def gpu_ms(fn, steps: int = 20, reps: int = 5) -> float:
+    """GPU ms per call of ``fn`` with the host ahead: ``steps`` calls queued behind a device-side
+    sleep long enough that the host has issued them all before the GPU reaches the first (checked;
+    the sleep doubles until it is), timed by CUDA events, median of ``reps``. Where a step's host
+    time exceeds its GPU time, this is what the step costs inside a model whose own GPU work keeps
+    the host ahead, and the wall time (``ms``) what it costs alone. NaN for a ``fn`` that waits for
+    the GPU (then the host is never ahead)."""
+    fn()
+    torch.cuda.synchronize()
+    cycles, times = 1 << 21, []
+    while len(times) < reps:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        start.record()
+        for _ in range(steps):
+            fn()
+        end.record()
+        ahead = not start.query()  # the GPU was still asleep when the last call was issued
+        torch.cuda.synchronize()
+        if ahead:
+            times.append(start.elapsed_time(end) / steps)
+        elif cycles >= 1 << 32:  # seconds of sleep: fn synchronises
+            return float("nan")
+        else:
+            cycles *= 2
+    return sorted(times)[len(times) // 2]
+
+
 def host_and_wall_ms(fn, steps: int, warmup: int = 3) -> tuple[float, float]:
     """ms per call of ``fn`` on the host (until the launches are issued) and in all (until the GPU is done)."""
     for _ in range(warmup):
@@ -236,7 +266,8 @@ def main() -> None:
     }
     print(json.dumps(meta))
     rows = []
-    print(f"{'n x dim, codes':<22}{'dtype':<10}{'library':<26}{'ms/step':>9}{'x floor':>9}{'vqp/this':>9}  check")
+    print(f"{'n x dim, codes':<22}{'dtype':<10}{'library':<26}{'ms/step':>9}{'x floor':>9}{'GPU ms':>9}{'x floor':>9}"
+          f"{'vqp/this':>9}  check")
     for n, dim, k in WORKLOADS:
         if k not in args.codes:
             continue
@@ -259,25 +290,27 @@ def main() -> None:
                     torch._dynamo.reset()  # each variant compiles afresh (no recompile limit across them)
                     layer = torch.compile(layer, fullgraph=True, mode=mode)
                 try:
-                    t = ms(step_fn(layer, x, dtype, args.upstream))
+                    step = step_fn(layer, x, dtype, args.upstream)
+                    t = ms(step)
+                    t_gpu = gpu_ms(step)
                 except torch.OutOfMemoryError:
-                    t = float("nan")
+                    t = t_gpu = float("nan")
                 except Exception as error:  # a compiled variant that does not run is reported, not fatal
                     if library == base:
                         raise
                     print(f"{library} {dtype_name}: {type(error).__name__}: {str(error)[:300]}")
                     traceback.print_exc()
-                    t = float("nan")
+                    t = t_gpu = float("nan")
                 del layer
                 torchkm.empty_cache()
                 torch.cuda.empty_cache()
                 group.append({"n": n, "dim": dim, "codes": k, "dtype": dtype_name, "library": library, "ms": t,
-                              "floor_ms": floor, "check": checked})
+                              "gpu_ms": t_gpu, "floor_ms": floor, "check": checked})
             peer = next((r["ms"] for r in group if r["library"] == "vector-quantize-pytorch"), float("nan"))
             for r in group:
                 r["speedup_vs_vqp"] = peer / r["ms"]
                 print(f"{f'{n:,} x {dim}, {k:,}':<22}{dtype_name:<10}{r['library']:<26}{r['ms']:>9.3f}"
-                      f"{r['ms'] / floor:>9.2f}{r['speedup_vs_vqp']:>9.2f}  "
+                      f"{r['ms'] / floor:>9.2f}{r['gpu_ms']:>9.3f}{r['gpu_ms'] / floor:>9.2f}{r['speedup_vs_vqp']:>9.2f}  "
                       + ", ".join(f"{key} {value:.2e}" for key, value in r["check"].items()))
             rows += group
     if args.json:
