@@ -1925,7 +1925,7 @@ class AssignPass:
         # Exact rows without given norms: the pass takes them itself, in the launch that reads the
         # rows for fp16 operands, else in one of their own (H200, 32,768 x 256 fp32: 7.5 us against
         # 10.7 for the maxima and 11.4 for torch's norms).
-        own_norms = raw_norms is None and self.check and not self.small_d
+        own_norms = raw_norms is None and self.check  # (never for the small-d pass: it has no check)
         if own_norms:
             if self.own_norms is None or self.own_norms.shape[0] != n:
                 self.own_norms = torch.empty(n, dtype=torch.float32, device=x.device)
