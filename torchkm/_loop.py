@@ -137,9 +137,8 @@ def _relocate_empty(
     empty: torch.Tensor,
     sample_weight: torch.Tensor | None,
     comm: Comm,
-) -> torch.Tensor:
-    """Move each empty cluster onto one of the rows farthest from their centroid (scikit-learn's rule);
-    returns the indices of the clusters moved.
+) -> None:
+    """Move each empty cluster onto one of the rows farthest from their centroid (scikit-learn's rule).
 
     The moved rows leave their old clusters' sums, so the centroids stay means of their members.
     With several ranks the farthest rows of the whole data set are chosen, and every rank applies
@@ -162,7 +161,6 @@ def _relocate_empty(
     counts.index_add_(0, old, -w)
     sums[empty_ids] = weighted_rows
     counts[empty_ids] = w
-    return empty_ids
 
 
 def new_centroids(sums: torch.Tensor, counts: torch.Tensor, old: torch.Tensor, normalize: bool) -> torch.Tensor:
@@ -423,12 +421,12 @@ def lloyd(
             block_ends = engine is not None and (n_empty > 0 or changed_f == 0 or shift_f <= engine.tol_device)
             if n_empty:
                 sq = sq if sq is not None else _ops.assign(data, old_c)[1]
-                moved = _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight, comm)
+                _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight, comm)
                 relocated = new_centroids(sums, counts, old_c, data.normalize)
                 shift_f = float(((relocated - old_c) ** 2).sum())
                 new_c = new_c.copy_(relocated) if engine is not None else relocated
                 if engine is not None and hasattr(engine, "centroids_changed"):
-                    engine.centroids_changed(moved)  # the bounds engine lowers its bounds by the moves
+                    engine.centroids_changed()  # the bounds engine lowers its bounds by the moves
             if data.normalize:
                 inertia_f *= 0.5
             c = new_c

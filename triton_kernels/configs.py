@@ -15,10 +15,7 @@ searches multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precisio
 only the first; see ``assign.AssignPass``) and ``TORCHKM_REUSE_PASSES=0`` (``assign`` builds a new pass
 for every call instead of reusing one per shape; see ``assign._reusable_key``) and
 ``TORCHKM_REPLAY_QUERIES=0`` (kept query passes run their launches eagerly instead of as a replayed
-CUDA graph; see ``assign._KeptPass``) and ``TORCHKM_ROW_LIST_CONFIG`` (same format as
-``TORCHKM_ASSIGN_CONFIG``, for the passes over row lists only) and ``TORCHKM_RELOCATED_BOUNDS=0`` (the
-bounds engine lowers every bound by a relocated centroid's jump; see
-``prune.BoundsEngine.centroids_changed``).
+CUDA graph; see ``assign._KeptPass``).
 """
 
 from __future__ import annotations
@@ -32,11 +29,9 @@ __all__ = ["assign_config", "candidate_config", "exact_as_tf32x3", "num_persiste
            "update_config"]
 
 
-def _override(precision: str, row_list: bool = False) -> dict | None:
-    # The exact mode's re-search (tf32x3) and the passes over row lists have their own overrides.
+def _override(precision: str) -> dict | None:
+    # The exact mode's re-search (tf32x3) has its own override.
     spec = os.environ.get("TORCHKM_RECHECK_CONFIG" if precision == "tf32x3" else "TORCHKM_ASSIGN_CONFIG")
-    if row_list and precision != "tf32x3":
-        spec = os.environ.get("TORCHKM_ROW_LIST_CONFIG") or spec
     if not spec:
         return None
     bn, bk, bd, warps, stages, *flags = (int(v) for v in spec.split(","))
@@ -64,7 +59,7 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     ``transposed=False``: never the transposed search. ``row_list``: the pass searches lists of rows
     (the bounds engine). ``split``: bf16 centroids as hi + lo parts (two products per tile).
     """
-    override = _override(precision, row_list)
+    override = _override(precision)
     if override is not None:
         return override
     d_pad = max(16, triton.next_power_of_2(d))

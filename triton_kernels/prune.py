@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +48,7 @@ from ._common import (
     onehot_width,
     transform_rows,
 )
-from .assign import SMALL_D, AssignPass, assign
+from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update, shift_top_reference
 from .configs import assign_config, settle_config
 from .lloyd import ReplayedEngine, device_tol, launch_key
@@ -592,36 +591,10 @@ class BoundsEngine(ReplayedEngine):
                       control=control, shift_top=self.shift_top, shift_margin=self.shift_margin,
                       tallies=(self.active_count, p.flag_count))
 
-    def centroids_changed(self, relocated: torch.Tensor | None = None) -> None:
+    def centroids_changed(self) -> None:
         """Call after changing ``c`` outside the engine's passes (empty-cluster relocation): the
-        next settle pass lowers the bounds by the moves from ``c_old`` to the new ``c``.
-
-        ``relocated``: indices of centroids that jumped to new places (onto rows far from every
-        centroid). Lowering every row's bound by such a jump would send nearly every row to the
-        search for the next passes (H200, 245,760 x 32, k = 1024: the block after a relocation took
-        twice the GPU time of the next). Instead, their jumps are left out of the moves, and each
-        row's bound is capped by its exact distance to the nearest relocated centroid (one small
-        pass over the rows): the bound on the distance to any centroid but the row's own stays a
-        lower bound, as the settle test needs.
-        """
-        if relocated is None or relocated.numel() == 0 or os.environ.get("TORCHKM_RELOCATED_BOUNDS") == "0":
-            self.shift_top.copy_(shift_top_reference(self.c, self.c_old, self.shift_margin))
-            return
-        relocated = relocated.to(device=self.c.device, dtype=torch.long)
-        still = self.c_old.clone()
-        still[relocated] = self.c[relocated]  # no move counted for the relocated centroids
-        self.shift_top.copy_(shift_top_reference(self.c, still, self.shift_margin))
-        inp = self.inputs
-        nearest = assign(self.x, self.c[relocated], precision="exact", offset=inp["offset"],
-                         row_scale=inp["row_scale"], raw_norms=inp["raw_norms"]).sq_dist
-        # The settle pass takes sqrt(lower) (1 - margin) less a move of at least the second largest
-        # (``shift_top``'s keys: the largest for every row but the largest mover's own). Capping
-        # sqrt(lower) at the relocated centroids' distance, rounded down, plus that move leaves a
-        # bound no larger than that distance after the settle pass.
-        margin = distance_margin(self.x.shape[1])
-        second = (self.shift_top[1] >> 32).to(torch.int32).view(torch.float32)
-        cap = nearest.sqrt() * (1.0 - margin) + second
-        torch.minimum(self.lower, cap * cap, out=self.lower)
+        next settle pass lowers the bounds by the moves from ``c_old`` to the new ``c``."""
+        self.shift_top.copy_(shift_top_reference(self.c, self.c_old, self.shift_margin))
 
     def read(self, rows: int) -> list[list[float]]:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their

@@ -207,38 +207,6 @@ def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_pass
         assert int(want[row]) == 0 and int(labels[row]) != 0
 
 
-def _relocation_pass(relocated: bool) -> tuple[np.ndarray, np.ndarray, int]:
-    """Converged blobs, then centroid 0 jumps onto the row farthest from its centroid (as relocating
-    an empty cluster moves it), announced with or without its index; one settle pass. Returns that
-    pass's labels, the dense exact pass's, and how many rows it searched."""
-    n, d, k = 600, 17, 6
-    x, c = _clustered(n, d, k, seed=23, sigma=0.01)
-    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
-    engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
-                          sample_weight=None, normalize=False, tol=0.0)
-    for it in range(4):  # centroids barely move, rows settle
-        engine.iterate(has_prev=it > 0)
-        engine.read(1)
-    engine.c[0] = x[int(engine.sq_dist.argmax())]
-    engine.centroids_changed(torch.tensor([0]) if relocated else None)
-    c_before = engine.c.clone()
-    engine.iterate(has_prev=True)
-    engine.read(1)
-    want = assign(x, c_before, precision="exact", raw_norms=torch.linalg.vector_norm(x, dim=1)).labels
-    return labels.long().cpu().numpy(), want.cpu().numpy(), int(engine.info.searched) // k
-
-
-def test_bounds_engine_caps_bounds_at_relocated_centroids():
-    """Announced with its index, a relocated centroid's jump is left out of the moves and each row's
-    bound is capped by its distance to it: the labels stay the dense pass's, and far fewer rows go to
-    the search than when the jump lowers every row's bound."""
-    got, want, searched = _relocation_pass(relocated=True)
-    np.testing.assert_array_equal(got, want)
-    got_plain, want_plain, searched_plain = _relocation_pass(relocated=False)
-    np.testing.assert_array_equal(got_plain, want_plain)
-    assert searched_plain > 300 and searched < searched_plain // 2
-
-
 def test_settle_reference_matches_bound_rule():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(50, 5, generator=g)
