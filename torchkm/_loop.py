@@ -7,7 +7,6 @@ init -> (assign -> update -> fix empty clusters -> stats -> converged?)* -> fina
 from __future__ import annotations
 
 import logging
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -219,8 +218,7 @@ _GRAPH_BLOCK = 8
 
 def _cuda_graphs_allowed(data: DataView, comm: Comm | None = None) -> bool:
     # Collectives stay outside graphs: a replay would also replay the all-reduce of a stale buffer.
-    return (data.device.type == "cuda" and os.environ.get("TORCHKM_CUDA_GRAPHS", "1") != "0"
-            and not torch.compiler.is_compiling() and not (comm is not None and comm.active))
+    return _ops.cuda_graphs_enabled(data.device) and not (comm is not None and comm.active)
 
 
 def _use_cuda_graphs(data: DataView, k: int, comm: Comm) -> bool:

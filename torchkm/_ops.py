@@ -33,10 +33,12 @@ __all__ = [
     "assign_and_ema_update",
     "assign_and_sum",
     "bounds_supported",
+    "cuda_graphs_enabled",
     "eager_launches",
     "ema_step_fuses",
     "empty_cache",
     "gather_codes",
+    "kmeans_plusplus_rows",
     "lloyd_engine",
     "lloyd_step",
     "pruned_engine",
@@ -273,6 +275,26 @@ def update(
         data.x, labels, n_clusters, sample_weight=sample_weight, offset=data.offset, row_scale=data.row_scale,
         deterministic=deterministic,
     )
+
+
+def cuda_graphs_enabled(device: torch.device) -> bool:
+    """Whether work on ``device`` may replay captured CUDA graphs (``TORCHKM_CUDA_GRAPHS=0``: never)."""
+    return (device.type == "cuda" and os.environ.get("TORCHKM_CUDA_GRAPHS", "1") != "0"
+            and not torch.compiler.is_compiling())
+
+
+@eager_launches
+def kmeans_plusplus_rows(
+    data: DataView, n_clusters: int, first_row: torch.Tensor, uniforms: torch.Tensor,
+    sample_weight: torch.Tensor | None,
+) -> torch.Tensor:
+    """Indices of the rows greedy k-means++ picks, with its steps on the kernels and the device
+    (``torchkm._kernels.seeding``): ``first_row`` the first, ``uniforms[s]`` step s's draws. For
+    data the kernels serve, in memory."""
+    from ._kernels.seeding import kmeans_plusplus
+
+    return kmeans_plusplus(data.x, n_clusters, first_row, uniforms, offset=data.offset, row_scale=data.row_scale,
+                           sample_weight=sample_weight, graphs=cuda_graphs_enabled(data.device))
 
 
 def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,197 @@
+"""What initialisation costs a fit on the GPU: k-means++ (the default), k-means|| and random rows,
+next to the Lloyd iterations that follow, at issue 3's workload sizes.
+
+Per workload (fresh random blobs each run): the wall time of ``kmeans_plusplus`` alone and per
+chosen centroid, its GPU kernel time per centroid (torch.profiler over a short run) and the floor
+of one step (reading the rows once at the measured copy rate), next to the same greedy k-means++
+as a plain torch loop (``TORCHKM_ENGINE=torch``: a GEMM of the rows against each step's
+candidates, and a host sync per step for the best; ``--torch-baseline`` picks the workloads); then
+whole ``torchkm.fit`` calls with each ``init``, split into initialisation, Lloyd iterations and the
+rest. Prints a table and writes JSON.
+
+    python scripts/diag_init.py [--only 245760x32x1024 ...] [--json out/diag_init.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+
+import torch
+import triton
+
+import torchkm
+from torchkm import _loop, _ops
+from torchkm._reference import DataView
+from torchkm.init import kmeans_plusplus
+
+# name -> (n, d, k, dtype)
+WORKLOADS = {
+    "245760x32x32": (245_760, 32, 32, torch.float32),
+    "245760x32x1024": (245_760, 32, 1024, torch.float32),
+    "32768x256x8192": (32_768, 256, 8192, torch.float32),
+    "1Mx128x4096": (1_000_000, 128, 4096, torch.float32),
+    "1Mx768x8192-bf16": (1_000_000, 768, 8192, torch.bfloat16),
+}
+
+
+def blobs(n: int, d: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    centres = torch.rand(k, d, device="cuda", generator=g)
+    x = centres[torch.randint(0, k, (n,), device="cuda", generator=g)]
+    return (x + 0.05 * torch.randn(n, d, device="cuda", generator=g)).to(dtype)
+
+
+def copy_rate() -> float:
+    """Bytes per second of a device-to-device copy of 1 GiB."""
+    a = torch.empty(1 << 28, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 2 * a.numel() * 4 * 10 / (time.perf_counter() - t0)
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def gpu_seconds(fn) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", None)
+        total += (us if us is not None else getattr(event, "self_cuda_time_total", 0.0)) * 1e-6
+    return total
+
+
+@_ops.eager_launches  # as the fit launches them: no wrap_triton dispatch on the host
+def sweep_tiles(names: list[str], seed: int) -> list[dict]:
+    """GPU microseconds of each launch of a k-means++ step (``--tiles``), by tile choice."""
+    from torchkm._kernels.seeding import PlusPlus
+
+    out = []
+    for name in names:
+        n, d, k, dtype = WORKLOADS[name]
+        x = blobs(n, d, k, dtype, seed)
+        trials = 2 + int(math.log(k))
+        uniforms = torch.rand(64, trials, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        for block_rows in (64, 256, 1024, None):
+            for block_n in (16, 32, 64, 128):
+                for warps in (4, 8):
+                    if block_rows is not None and block_n > block_rows:
+                        continue
+                    state = PlusPlus(x, 64, uniforms, block_rows=block_rows, block_n=block_n)
+                    state.num_warps = warps
+                    state.start(torch.zeros(1, dtype=torch.int64, device="cuda"))
+                    state.steps(2)
+                    times = {}
+                    for part, fn in (("score", lambda: state._score(trials, True)), ("step", lambda: state.steps(1))):
+                        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        for _ in range(20):
+                            fn()
+                        stop.record()
+                        torch.cuda.synchronize()
+                        times[part] = start.elapsed_time(stop) / 20 * 1e3
+                    row = {"workload": name, "block_rows": state.block_rows, "block_n": state.block_n,
+                           "num_warps": warps, **{f"{p}_us": t for p, t in times.items()}}
+                    out.append(row)
+                    print(f"{name:18s} rows {state.block_rows:5d} tile {state.block_n:4d} "
+                          f"warps {warps}: score {times['score']:8.1f} us, step {times['step']:8.1f} us")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--inits", nargs="*", default=["k-means++", "k-means||", "random"])
+    parser.add_argument("--profile-steps", type=int, default=64)
+    parser.add_argument("--torch-baseline", nargs="*", default=[w for w in WORKLOADS if not w.startswith("1Mx768")],
+                        help="workloads that also time the plain torch loop (seconds to minutes each)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--tiles", action="store_true", help="only time each step's launches by tile choice")
+    parser.add_argument("--json", default="out/diag_init.json")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    rate = copy_rate()
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(), "copy_bytes_per_s": rate, "seed": seed}
+    print(env)
+    if args.tiles:
+        with open(args.json, "w") as f:
+            json.dump({"env": env, "tiles": sweep_tiles(args.only, seed)}, f, indent=1)
+        return
+    rows = []
+    for name in args.only:
+        n, d, k, dtype = WORKLOADS[name]
+        x = blobs(n, d, k, dtype, seed)
+        offset = _loop._data_mean(DataView(x, torch.float32), None, _loop.Comm())[0]
+        data = DataView(x, torch.float32, offset)
+        # Compiles the kernels for this k's number of trials, 2 + int(log k), on fewer centroids.
+        kmeans_plusplus(data, max(2, math.ceil(math.exp(int(math.log(k))))), torch.Generator().manual_seed(0))
+        _, wall = timed(lambda: kmeans_plusplus(data, k, torch.Generator().manual_seed(seed)))
+        steps = min(k, args.profile_steps + 1)
+        gpu = gpu_seconds(lambda: kmeans_plusplus(data, steps, torch.Generator().manual_seed(seed)))
+        floor = x.numel() * x.element_size() / rate
+        torch_ms = None
+        if name in args.torch_baseline:
+            os.environ["TORCHKM_ENGINE"] = "torch"
+            try:
+                _, torch_s = timed(lambda: kmeans_plusplus(data, k, torch.Generator().manual_seed(seed)))
+            finally:
+                del os.environ["TORCHKM_ENGINE"]
+            torch_ms = torch_s * 1e3
+        row = {"workload": name, "n": n, "d": d, "k": k, "dtype": str(dtype).replace("torch.", ""),
+               "kmeans_pp_ms": wall * 1e3, "per_step_ms": wall * 1e3 / max(1, k - 1),
+               "gpu_per_step_ms": gpu * 1e3 / max(1, steps - 1), "floor_per_step_ms": floor * 1e3, "torch_loop_ms": torch_ms, "fits": {}}
+        print(f"{name}: k-means++ {wall * 1e3:.1f} ms, {row['per_step_ms'] * 1e3:.1f} us per centroid "
+              f"(GPU {row['gpu_per_step_ms'] * 1e3:.1f} us, floor {floor * 1e6:.1f} us); torch loop "
+              + ("-" if torch_ms is None else f"{torch_ms:.1f} ms"))
+        for init in args.inits:
+            torchkm.fit(x, k, init=init, max_iter=2, random_state=seed)  # compile this path
+            t_init = []
+            orig = _loop._initial_centroids
+
+            def spy(*a, **kw):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out = orig(*a, **kw)
+                torch.cuda.synchronize()
+                t_init.append(time.perf_counter() - t0)
+                return out
+
+            _loop._initial_centroids = spy
+            try:
+                out, total = timed(lambda: torchkm.fit(x, k, init=init, random_state=seed))
+            finally:
+                _loop._initial_centroids = orig
+            lloyd = sum(s.seconds for s in out.history)
+            fit = {"total_ms": total * 1e3, "init_ms": t_init[0] * 1e3, "lloyd_ms": lloyd * 1e3, "n_iter": out.n_iter,
+                   "inertia": out.inertia}
+            row["fits"][init] = fit
+            print(f"  fit init={init:10s}: {total * 1e3:9.1f} ms = init {t_init[0] * 1e3:8.1f} + Lloyd {lloyd * 1e3:7.1f} "
+                  f"({out.n_iter} it) + rest {(total - t_init[0] - lloyd) * 1e3:6.1f}; inertia {out.inertia:.6g}")
+        rows.append(row)
+    with open(args.json, "w") as f:
+        json.dump({"env": env, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
