@@ -7,7 +7,8 @@ of one step (reading the rows once at the measured copy rate), next to the same 
 as a plain torch loop (``TORCHKM_ENGINE=torch``: a GEMM of the rows against each step's
 candidates, and a host sync per step for the best; ``--torch-baseline`` picks the workloads); then
 whole ``torchkm.fit`` calls with each ``init``, split into initialisation, Lloyd iterations and the
-rest. Prints a table and writes JSON.
+rest; and flash-kmeans' own fit (random rows, its defaults) when installed. Prints a table and
+writes JSON.
 
     python scripts/diag_init.py [--only 245760x32x1024 ...] [--json out/diag_init.json]
 """
@@ -118,6 +119,20 @@ def sweep_tiles(names: list[str], seed: int) -> list[dict]:
     return out
 
 
+def flash_fit(x: torch.Tensor, k: int) -> dict | None:
+    """flash-kmeans' fit with its defaults (random rows, up to 100 iterations), timed after a
+    short untimed one, and the inertia of its centroids; None where it is not installed."""
+    try:
+        from flash_kmeans import batch_kmeans_Euclid
+    except ImportError:
+        return None
+    batch_kmeans_Euclid(x[None], k, max_iters=2)
+    (_, centroids, n_iter), seconds = timed(lambda: batch_kmeans_Euclid(x[None], k))
+    inertia = float(torchkm.assign(x, centroids[0].float())[1].double().sum())
+    print(f"  flash-kmeans fit (random init): {seconds * 1e3:9.1f} ms ({n_iter} it); inertia {inertia:.6g}")
+    return {"total_ms": seconds * 1e3, "n_iter": n_iter, "inertia": inertia}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -188,6 +203,7 @@ def main() -> None:
             row["fits"][init] = fit
             print(f"  fit init={init:10s}: {total * 1e3:9.1f} ms = init {t_init[0] * 1e3:8.1f} + Lloyd {lloyd * 1e3:7.1f} "
                   f"({out.n_iter} it) + rest {(total - t_init[0] - lloyd) * 1e3:6.1f}; inertia {out.inertia:.6g}")
+        row["flash_kmeans_fit"] = flash_fit(x, k)
         rows.append(row)
     with open(args.json, "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)

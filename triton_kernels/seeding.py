@@ -17,7 +17,7 @@ launches whose state stays on the device, so a CUDA graph of a few steps replays
   the block's weighted sum of each.
 - ``_choose_kernel`` (one program) sums the blocks' sums into each trial's potential (float64,
   in a fixed order: reruns choose alike), keeps the lowest (the first on ties), and records its
-  row as the next centroid's.
+  row as the next centroid's and its potential as the next draws' total.
 
 D^2 itself is the chosen trial's row of ``sq`` (``best``): nothing is copied between steps. The
 uniforms come from the caller, one row of ``trials`` per step, so a seed draws the same rows as
@@ -39,7 +39,7 @@ _INF = tl.constexpr(float("inf"))
 
 @triton.jit
 def _sample_kernel(
-    sq_ptr, w_ptr, block_pot_ptr, uniforms_ptr, step_ptr, best_ptr, picked_ptr,
+    sq_ptr, w_ptr, block_pot_ptr, total_ptr, uniforms_ptr, step_ptr, best_ptr, picked_ptr,
     n, n_blocks, m,
     BLOCK_ROWS: tl.constexpr, CHUNK_BLOCKS: tl.constexpr, HAS_WEIGHT: tl.constexpr,
 ):
@@ -49,10 +49,7 @@ def _sample_kernel(
     u = tl.load(uniforms_ptr + step.to(tl.int64) * m + t)
     pots = block_pot_ptr + best * n_blocks
     lanes = tl.arange(0, CHUNK_BLOCKS)
-    total = tl.zeros((), tl.float64)
-    for b0 in range(0, n_blocks, CHUNK_BLOCKS):
-        total += tl.sum(tl.load(pots + b0 + lanes, mask=b0 + lanes < n_blocks, other=0.0), axis=0)
-    target = u * total
+    target = u * tl.load(total_ptr)  # the best trial's potential, summed by ``_choose_kernel``
     # The first block whose cumulative sum reaches the target: as many blocks lie below it as have
     # cumulative sums under the target (the sums never decrease). ``base``: what those blocks hold.
     below = tl.zeros((), tl.int32)
@@ -142,7 +139,7 @@ def _score_kernel(
 
 @triton.jit
 def _choose_kernel(
-    block_pot_ptr, picked_ptr, best_ptr, step_ptr, rows_ptr, n_blocks, m,
+    block_pot_ptr, picked_ptr, best_ptr, total_ptr, step_ptr, rows_ptr, n_blocks, m,
     MP: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
 ):
     trials = tl.arange(0, MP)
@@ -158,6 +155,7 @@ def _choose_kernel(
     best = tl.min(tl.where(pots == lowest, trials, MP), axis=0)
     best = tl.minimum(best, m - 1)  # all potentials NaN (never for finite rows): the last trial
     tl.store(best_ptr, best)
+    tl.store(total_ptr, lowest)
     step = tl.load(step_ptr)
     tl.store(rows_ptr + step, tl.load(picked_ptr + best))
     tl.store(step_ptr, step + 1)
@@ -199,6 +197,7 @@ class PlusPlus:
         self.block_pot = torch.zeros(self.trials, self.n_blocks, dtype=torch.float64, device=device)
         self.picked = torch.zeros(self.trials, dtype=torch.int64, device=device)
         self.best = torch.zeros(1, dtype=torch.int32, device=device)
+        self.total = torch.zeros(1, dtype=torch.float64, device=device)  # the best trial's potential
         self.step = torch.zeros(1, dtype=torch.int32, device=device)
         self.mp = max(2, triton.next_power_of_2(self.trials))
         # About 4096 values a tile of rows, 32 a thread; for rows of 65-128 features (two chunks)
@@ -226,7 +225,7 @@ class PlusPlus:
 
     def _choose(self, m: int) -> None:
         launcher(_choose_kernel)[(1,)](
-            self.block_pot, self.picked, self.best, self.step, self.rows, self.n_blocks, m,
+            self.block_pot, self.picked, self.best, self.total, self.step, self.rows, self.n_blocks, m,
             MP=self.mp, CHUNK_BLOCKS=self.chunk_blocks, num_warps=8,
         )
 
@@ -240,7 +239,8 @@ class PlusPlus:
     def steps(self, count: int) -> None:
         for _ in range(count):
             launcher(_sample_kernel)[(self.trials,)](
-                self.sq, self.weight if self.weight is not None else self._unused[3], self.block_pot, self.uniforms,
+                self.sq, self.weight if self.weight is not None else self._unused[3], self.block_pot, self.total,
+                self.uniforms,
                 self.step, self.best, self.picked, self.n, self.n_blocks, self.trials,
                 BLOCK_ROWS=self.block_rows, CHUNK_BLOCKS=self.chunk_blocks, HAS_WEIGHT=self.weight is not None,
                 num_warps=4,
