@@ -16,6 +16,7 @@ writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -68,18 +69,21 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def gpu_seconds(fn) -> float:
+def gpu_seconds(fn) -> tuple[float, dict[str, float]]:
+    """GPU seconds of ``fn``'s launches, in all and by kernel."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    total = 0.0
+    by_kernel = {}
     for event in prof.key_averages():
         us = getattr(event, "self_device_time_total", None)
-        total += (us if us is not None else getattr(event, "self_cuda_time_total", 0.0)) * 1e-6
-    return total
+        seconds = (us if us is not None else getattr(event, "self_cuda_time_total", 0.0)) * 1e-6
+        if seconds > 0:
+            by_kernel[event.key] = by_kernel.get(event.key, 0.0) + seconds
+    return sum(by_kernel.values()), by_kernel
 
 
 @_ops.eager_launches  # as the fit launches them: no wrap_triton dispatch on the host
@@ -119,6 +123,54 @@ def sweep_tiles(names: list[str], seed: int) -> list[dict]:
     return out
 
 
+@contextlib.contextmanager
+def recorded_state():
+    """The ``PlusPlus`` state of the k-means++ runs inside, in ``["state"]`` (its ``listed`` counts)."""
+    from torchkm._kernels import seeding
+
+    last: dict = {}
+    original = seeding.PlusPlus
+
+    class Recorded(original):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            last["state"] = self
+
+    seeding.PlusPlus = Recorded
+    try:
+        yield last
+    finally:
+        seeding.PlusPlus = original
+
+
+@_ops.eager_launches
+def sweep_configs(names: list[str], seed: int) -> list[dict]:
+    """Wall time of whole k-means++ runs (CUDA graphs, as a fit) by tile choice (``--configs``)."""
+    from torchkm._kernels.seeding import kmeans_plusplus as device_plusplus
+
+    out = []
+    for name in names:
+        n, d, k, dtype = WORKLOADS[name]
+        x = blobs(n, d, k, dtype, seed)
+        trials = 2 + int(math.log(k))
+        uniforms = torch.rand(k, trials, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        first = torch.zeros(1, dtype=torch.int64, device="cuda")
+        for screen, block_n in ((False, 32), (True, 16), (True, 32), (True, 64)):
+            kw = dict(block_n=block_n, graphs=True, screen=screen, offset=x.float().mean(0))  # centred, as a fit
+            device_plusplus(x, 40, first, uniforms[:40], **kw)
+            with recorded_state() as last:
+                _, seconds = timed(lambda: device_plusplus(x, k, first, uniforms, **kw))
+            state = last["state"]
+            row = {"workload": name, "block_rows": state.block_rows, "block_n": state.block_n, "screen": screen,
+                   "ms": seconds * 1e3, "rows_read_fraction": float(state.listed[1:].sum()) / (n * (k - 1)),
+                   "rows_recomputed_fraction": float(state.recomputed[1:].sum()) / (n * (k - 1))}
+            out.append(row)
+            print(f"{name:18s} screen {screen:d} rows {state.block_rows:5d} tile {state.block_n:4d}: k-means++ "
+                  f"{seconds * 1e3:9.1f} ms ({seconds * 1e6 / (k - 1):7.1f} us a step), rows read "
+                  f"{row['rows_read_fraction']:.3f}, recomputed {row['rows_recomputed_fraction']:.3f}")
+    return out
+
+
 def flash_fit(x: torch.Tensor, k: int) -> dict | None:
     """flash-kmeans' fit with its defaults (random rows, up to 100 iterations), timed after a
     short untimed one, and the inertia of its centroids; None where it is not installed."""
@@ -142,6 +194,7 @@ def main() -> None:
                         help="workloads that also time the plain torch loop (seconds to minutes each)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--tiles", action="store_true", help="only time each step's launches by tile choice")
+    parser.add_argument("--configs", action="store_true", help="only time whole k-means++ runs by tile choice")
     parser.add_argument("--json", default="out/diag_init.json")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
@@ -149,9 +202,10 @@ def main() -> None:
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "python": platform.python_version(), "copy_bytes_per_s": rate, "seed": seed}
     print(env)
-    if args.tiles:
+    if args.tiles or args.configs:
+        sweep = sweep_tiles if args.tiles else sweep_configs
         with open(args.json, "w") as f:
-            json.dump({"env": env, "tiles": sweep_tiles(args.only, seed)}, f, indent=1)
+            json.dump({"env": env, "tiles" if args.tiles else "configs": sweep(args.only, seed)}, f, indent=1)
         return
     rows = []
     for name in args.only:
@@ -161,9 +215,12 @@ def main() -> None:
         data = DataView(x, torch.float32, offset)
         # Compiles the kernels for this k's number of trials, 2 + int(log k), on fewer centroids.
         kmeans_plusplus(data, max(2, math.ceil(math.exp(int(math.log(k))))), torch.Generator().manual_seed(0))
-        _, wall = timed(lambda: kmeans_plusplus(data, k, torch.Generator().manual_seed(seed)))
+        with recorded_state() as last:
+            _, wall = timed(lambda: kmeans_plusplus(data, k, torch.Generator().manual_seed(seed)))
+        listed = float(last["state"].listed[1:].sum()) / (n * max(1, k - 1))
+        recomputed = float(last["state"].recomputed[1:].sum()) / (n * max(1, k - 1))
         steps = min(k, args.profile_steps + 1)
-        gpu = gpu_seconds(lambda: kmeans_plusplus(data, steps, torch.Generator().manual_seed(seed)))
+        gpu, by_kernel = gpu_seconds(lambda: kmeans_plusplus(data, steps, torch.Generator().manual_seed(seed)))
         floor = x.numel() * x.element_size() / rate
         torch_ms = None
         if name in args.torch_baseline:
@@ -174,11 +231,15 @@ def main() -> None:
                 del os.environ["TORCHKM_ENGINE"]
             torch_ms = torch_s * 1e3
         row = {"workload": name, "n": n, "d": d, "k": k, "dtype": str(dtype).replace("torch.", ""),
-               "kmeans_pp_ms": wall * 1e3, "per_step_ms": wall * 1e3 / max(1, k - 1),
+               "kmeans_pp_ms": wall * 1e3, "rows_read_fraction": listed, "rows_recomputed_fraction": recomputed,
+               "first_steps_gpu_us_by_kernel": {name: 1e6 * t / max(1, steps - 1) for name, t in by_kernel.items()},
+               "per_step_ms": wall * 1e3 / max(1, k - 1),
                "gpu_per_step_ms": gpu * 1e3 / max(1, steps - 1), "floor_per_step_ms": floor * 1e3, "torch_loop_ms": torch_ms, "fits": {}}
         print(f"{name}: k-means++ {wall * 1e3:.1f} ms, {row['per_step_ms'] * 1e3:.1f} us per centroid "
-              f"(GPU {row['gpu_per_step_ms'] * 1e3:.1f} us, floor {floor * 1e6:.1f} us); torch loop "
+              f"(GPU {row['gpu_per_step_ms'] * 1e3:.1f} us, floor {floor * 1e6:.1f} us); rows read {listed:.3f}, recomputed {recomputed:.3f}; torch loop "
               + ("-" if torch_ms is None else f"{torch_ms:.1f} ms"))
+        print("  first steps, GPU us a step: " + ", ".join(
+            f"{name[:28]} {us:.1f}" for name, us in sorted(row["first_steps_gpu_us_by_kernel"].items(), key=lambda kv: -kv[1])[:6]))
         for init in args.inits:
             torchkm.fit(x, k, init=init, max_iter=2, random_state=seed)  # compile this path
             t_init = []

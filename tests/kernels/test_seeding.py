@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from torchkm._kernels.seeding import kmeans_plusplus, kmeans_plusplus_reference
+from torchkm._kernels.seeding import PlusPlus, _margin, kmeans_plusplus, kmeans_plusplus_reference
 
 from tests.kernels.conftest import DEVICE, ON_GPU
 
@@ -68,6 +68,55 @@ def test_kmeans_plusplus_takes_each_distinct_row_before_repeating_one():
     assert got[6:].tolist() == [0, 0, 0]
 
 
+def _run(x, k, first, uniforms, **kw):
+    state = PlusPlus(x, k, uniforms, block_rows=256, block_n=32, **kw)
+    state.start(first)
+    state.steps(k - 1)
+    return state
+
+
+# screen: the tensor-core lower bounds before the exact distances (by default from 32 features).
+@pytest.mark.parametrize(("d", "screen"), [(1, False), (3, False), (17, False), (17, True), (40, True)])
+def test_kmeans_plusplus_settles_rows_by_the_triangle_inequality(d, screen):
+    # 12 tight blobs, 30 centroids: once a blob holds a centroid, a trial in another blob cannot come
+    # nearer to its rows, which the steps then leave unread. The rows must still be the reference's.
+    g = torch.Generator().manual_seed(d)
+    centres = torch.rand(12, d, generator=g) * 10
+    x = (centres[torch.randint(0, 12, (600,), generator=g)] + 0.05 * torch.randn(600, d, generator=g)).to(DEVICE)
+    uniforms = torch.rand(30, 5, generator=g, dtype=torch.float64)
+    first = torch.tensor([11], device=DEVICE)
+    state = _run(x, 30, first, uniforms, screen=screen)
+    assert state.rows.tolist() == kmeans_plusplus_reference(x, 30, first, uniforms).tolist()
+    assert state.listed[0] == state.recomputed[0] == 600  # the first centroid's distances: every row
+    listed, recomputed = state.listed[1:].sum().item(), state.recomputed[1:].sum().item()
+    assert listed < 0.5 * 600 * 29
+    assert recomputed < listed if screen else recomputed == listed
+
+
+def test_kmeans_plusplus_settles_rows_exactly_on_a_grid_with_weights_offset_and_scale():
+    # Integer points: exact ties between distances, trials at exactly twice a row's distance from its
+    # centroid (where the triangle inequality is an equality), and repeated points.
+    g = torch.Generator().manual_seed(4)
+    grid = torch.stack(torch.meshgrid(torch.arange(6.0), torch.arange(6.0), indexing="ij"), -1).reshape(-1, 2)
+    x = grid[torch.randint(0, 36, (500,), generator=g)].to(DEVICE)
+    uniforms = torch.rand(30, 5, generator=g, dtype=torch.float64)
+    first = torch.tensor([3], device=DEVICE)
+    kw = {"offset": torch.tensor([0.5, -2.0], device=DEVICE),
+          "row_scale": (torch.randint(1, 3, (500,), generator=g) * 0.5).to(DEVICE),
+          "sample_weight": (torch.randint(0, 3, (500,), generator=g)).float().to(DEVICE)}
+    for keys in ([], ["offset", "row_scale", "sample_weight"]):
+        chosen = {key: kw[key] for key in keys}
+        state = _run(x, 30, first, uniforms, screen=True, **chosen)
+        assert state.rows.tolist() == kmeans_plusplus_reference(x, 30, first, uniforms, **chosen).tolist()
+        assert state.listed[1:].sum().item() < 500 * 29
+
+
+def test_margin_covers_fp32_rounding():
+    # The factor grows with the features (rounding of longer sums) and stays far below what would
+    # change which rows are read.
+    assert 4.0 < _margin(1) < _margin(768) < _margin(4096) < 4.01
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
 def test_kmeans_plusplus_replayed_as_graphs_equals_eager_steps():
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -82,3 +131,26 @@ def test_kmeans_plusplus_replayed_as_graphs_equals_eager_steps():
     small = x[:2000]
     assert kmeans_plusplus(small, 200, first, uniforms[:200], offset=offset, graphs=True).tolist() == \
         kmeans_plusplus_reference(small, 200, first, uniforms[:200], offset=offset).tolist()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the screen's rounding bound, on real tensor cores")
+@pytest.mark.parametrize(("data", "dtype"), [("blobs", torch.bfloat16), ("noise", torch.float32)])
+def test_screened_kmeans_plusplus_on_wide_rows_picks_the_references_rows(data, dtype):
+    g = torch.Generator(device="cuda").manual_seed(9)
+    n, d, k = 20_000, 768, 300
+    if data == "blobs":
+        centres = torch.rand(k, d, device="cuda", generator=g)
+        x = centres[torch.randint(0, k, (n,), device="cuda", generator=g)] + 0.05 * torch.randn(
+            n, d, device="cuda", generator=g)
+    else:
+        x = torch.randn(n, d, device="cuda", generator=g) * 2 + 1
+    x = x.to(dtype)
+    offset = x.float().mean(0)
+    uniforms = torch.rand(k, 2 + int(math.log(k)), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    first = torch.tensor([3], device="cuda")
+    assert not PlusPlus(x, k, uniforms, offset=offset).screen  # wide rows, too few of them for the default
+    state = PlusPlus(x, k, uniforms, offset=offset, screen=True)
+    state.start(first)
+    state.steps(k - 1)
+    assert state.rows.tolist() == kmeans_plusplus_reference(x, k, first, uniforms, offset=offset).tolist()
+    assert state.recomputed[1:].sum() < state.listed[1:].sum()
