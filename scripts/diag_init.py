@@ -162,8 +162,8 @@ def sweep_configs(names: list[str], seed: int) -> list[dict]:
                 _, seconds = timed(lambda: device_plusplus(x, k, first, uniforms, **kw))
             state = last["state"]
             row = {"workload": name, "block_rows": state.block_rows, "block_n": state.block_n, "screen": screen,
-                   "ms": seconds * 1e3, "rows_read_fraction": float(state.listed[1:].sum()) / (n * (k - 1)),
-                   "rows_recomputed_fraction": float(state.recomputed[1:].sum()) / (n * (k - 1))}
+                   "ms": seconds * 1e3, "rows_read_fraction": state.rows_read() / (n * (k - 1)),
+                   "rows_recomputed_fraction": state.rows_recomputed() / (n * (k - 1))}
             out.append(row)
             print(f"{name:18s} screen {screen:d} rows {state.block_rows:5d} tile {state.block_n:4d}: k-means++ "
                   f"{seconds * 1e3:9.1f} ms ({seconds * 1e6 / (k - 1):7.1f} us a step), rows read "
@@ -217,8 +217,8 @@ def main() -> None:
         kmeans_plusplus(data, max(2, math.ceil(math.exp(int(math.log(k))))), torch.Generator().manual_seed(0))
         with recorded_state() as last:
             _, wall = timed(lambda: kmeans_plusplus(data, k, torch.Generator().manual_seed(seed)))
-        listed = float(last["state"].listed[1:].sum()) / (n * max(1, k - 1))
-        recomputed = float(last["state"].recomputed[1:].sum()) / (n * max(1, k - 1))
+        listed = last["state"].rows_read() / (n * max(1, k - 1))
+        recomputed = last["state"].rows_recomputed() / (n * max(1, k - 1))
         steps = min(k, args.profile_steps + 1)
         gpu, by_kernel = gpu_seconds(lambda: kmeans_plusplus(data, steps, torch.Generator().manual_seed(seed)))
         floor = x.numel() * x.element_size() / rate
