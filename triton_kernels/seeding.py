@@ -209,37 +209,12 @@ def _settled(closest, gap, margin):
 
 
 @triton.jit
-def _exact_tile(x_ptr, offset_ptr, scale_ptr, w_ptr, picked_ptr, sq_ptr, bits_ptr, rows, live, closest,
-                n, d, m, stride_xn, stride_xd,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, M: tl.constexpr, MP: tl.constexpr,
-                HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                HAS_CLOSEST: tl.constexpr):
-    """The rows' exact distances to the trials: stores each trial's D^2 where it came nearer (in
-    ``sq``) and the rows' words; returns the tile's weighted sum of each trial's D^2."""
-    trials = tl.arange(0, MP)
-    out = live[:, None] & (trials < m)[None, :]
-    acc = _trial_sq_distances(x_ptr, offset_ptr, scale_ptr, picked_ptr, rows, live, d, stride_xn, stride_xd,
-                              BLOCK_N, BLOCK_D, M, MP, HAS_OFFSET, HAS_SCALE)
-    if HAS_CLOSEST:
-        new = tl.minimum(acc, closest[:, None])
-        nearer = out & (new < closest[:, None])
-    else:
-        new = acc
-        nearer = out
-    # Only the trials that came nearer: D^2 elsewhere stays in ``closest``.
-    tl.store(sq_ptr + trials[None, :].to(tl.int64) * n + rows[:, None], new, mask=nearer)
-    tl.store(bits_ptr + rows, tl.sum(tl.where(nearer, 1 << trials[None, :], 0), axis=1), mask=live)
-    wv = tl.load(w_ptr + rows, mask=live, other=0.0) if HAS_WEIGHT else live.to(tl.float32)
-    return tl.sum(tl.where(out, new * wv[:, None], 0.0).to(tl.float64), axis=0)
-
-
-@triton.jit
 def _score_kernel(
     x_ptr, offset_ptr, scale_ptr, w_ptr, picked_ptr, best_ptr, step_ptr, sq_ptr, block_pot_ptr,
     closest_ptr, owner_ptr, bits_ptr, gap_ptr, gap_min_ptr, list_ptr, listed_ptr, recomputed_ptr,
     n, d, n_blocks, m, stride_xn, stride_xd, margin, slack, screen_margin,
     BLOCK_ROWS: tl.constexpr, SCAN_N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    M: tl.constexpr, MP: tl.constexpr, PRUNE: tl.constexpr, SCREEN: tl.constexpr,
+    M: tl.constexpr, MP: tl.constexpr, SCREEN: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_CLOSEST: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64)
@@ -251,82 +226,78 @@ def _score_kernel(
     pot = tl.zeros((MP,), tl.float64)
     kept = tl.zeros((), tl.float64)  # the weighted D^2 of rows that every trial leaves as they are
     count = tl.zeros((), tl.int32)
-    if PRUNE:
-        # Pass 1, over the block's rows in order: bring D^2 and the nearest centroid up to date with
-        # the last choice, keep the rows that no trial can change as they are, and list the others.
-        for r0 in range(0, BLOCK_ROWS, SCAN_N):
-            rows = base + r0 + tl.arange(0, SCAN_N)
-            row_mask = rows < n
-            if HAS_CLOSEST:
-                closest, changed, word = _closest(rows, row_mask, sq_ptr, closest_ptr, bits_ptr, best, n)
-                tl.store(closest_ptr + rows, closest, mask=changed)
-                tl.store(owner_ptr + rows, step - 1, mask=changed)
-                owner = tl.where(changed, step - 1, tl.load(owner_ptr + rows, mask=row_mask & ~changed, other=0))
-                settled = _settled(closest, tl.load(gap_min_ptr + owner, mask=row_mask, other=0.0), margin) & row_mask
-                wv = tl.load(w_ptr + rows, mask=settled, other=0.0) if HAS_WEIGHT else settled.to(tl.float32)
-                kept += tl.sum(tl.where(settled, closest * wv, 0.0).to(tl.float64), axis=0)
-                # A word left set would claim this step's ``sq`` for the next draws: cleared (listed
-                # rows get their new word below).
-                tl.store(bits_ptr + rows, tl.zeros((SCAN_N,), tl.int32), mask=settled & (word != 0))
-                listed = row_mask & ~settled
-            else:
-                listed = row_mask
-            at = count + tl.cumsum(listed.to(tl.int32), axis=0) - 1
-            tl.store(list_ptr + base + at, rows.to(list_ptr.dtype.element_ty), mask=listed)
-            count += tl.sum(listed.to(tl.int32), axis=0)
-        # The list, D^2 and the nearest centroids were stored by other threads of this program.
-        tl.debug_barrier()
-        n_exact = count
-        if SCREEN and HAS_CLOSEST:
-            # Pass 2, over the listed rows: lower bounds of their distances to the trials from the
-            # tensor cores. Rows that no trial can come nearer to are kept as they are; the others
-            # stay listed (compacted in place: a row never moves past the tile being read).
-            n_exact = tl.zeros((), tl.int32)
-            for i0 in range(0, count, BLOCK_N):
-                lanes = i0 + tl.arange(0, BLOCK_N)
-                live = lanes < count
-                rows = tl.load(list_ptr + base + lanes, mask=live, other=0, cache_modifier=".cg").to(tl.int64)
-                closest = tl.load(closest_ptr + rows, mask=live, other=0.0, cache_modifier=".cg")
-                owner = tl.load(owner_ptr + rows, mask=live, other=0, cache_modifier=".cg")
-                out = live[:, None] & trial_live[None, :]
-                gap = tl.load(gap_ptr + owner[:, None].to(tl.int64) * MP + trials[None, :], mask=out, other=0.0)
-                lower = _screened_sq_distances(x_ptr, offset_ptr, scale_ptr, picked_ptr, rows, live, d, m,
-                                               stride_xn, stride_xd, slack, BLOCK_N, BLOCK_D, MP,
-                                               HAS_OFFSET, HAS_SCALE)
-                sure = _settled(closest[:, None], gap, margin) | (lower >= closest[:, None] * screen_margin)
-                exact = live & (tl.sum((out & ~sure).to(tl.int32), axis=1) > 0)
-                done = live & ~exact
-                wv = tl.load(w_ptr + rows, mask=done, other=0.0) if HAS_WEIGHT else done.to(tl.float32)
-                kept += tl.sum(tl.where(done, closest * wv, 0.0).to(tl.float64), axis=0)
-                tl.store(bits_ptr + rows, tl.zeros((BLOCK_N,), tl.int32), mask=done)
-                at = n_exact + tl.cumsum(exact.to(tl.int32), axis=0) - 1
-                tl.store(list_ptr + base + at, rows.to(list_ptr.dtype.element_ty), mask=exact)
-                n_exact += tl.sum(exact.to(tl.int32), axis=0)
-            tl.debug_barrier()
-        # Pass 3, over the rows still listed: their exact distances to the trials. (Where a trial
-        # was settled, the exact minimum is D^2 itself.)
-        for i0 in range(0, n_exact, BLOCK_N):
+    # Pass 1, over the block's rows in order: bring D^2 and the nearest centroid up to date with
+    # the last choice, keep the rows that no trial can change as they are, and list the others.
+    for r0 in range(0, BLOCK_ROWS, SCAN_N):
+        rows = base + r0 + tl.arange(0, SCAN_N)
+        row_mask = rows < n
+        if HAS_CLOSEST:
+            closest, changed, word = _closest(rows, row_mask, sq_ptr, closest_ptr, bits_ptr, best, n)
+            tl.store(closest_ptr + rows, closest, mask=changed)
+            tl.store(owner_ptr + rows, step - 1, mask=changed)
+            owner = tl.where(changed, step - 1, tl.load(owner_ptr + rows, mask=row_mask & ~changed, other=0))
+            settled = _settled(closest, tl.load(gap_min_ptr + owner, mask=row_mask, other=0.0), margin) & row_mask
+            wv = tl.load(w_ptr + rows, mask=settled, other=0.0) if HAS_WEIGHT else settled.to(tl.float32)
+            kept += tl.sum(tl.where(settled, closest * wv, 0.0).to(tl.float64), axis=0)
+            # A word left set would claim this step's ``sq`` for the next draws: cleared (listed
+            # rows get their new word below).
+            tl.store(bits_ptr + rows, tl.zeros((SCAN_N,), tl.int32), mask=settled & (word != 0))
+            listed = row_mask & ~settled
+        else:
+            listed = row_mask
+        at = count + tl.cumsum(listed.to(tl.int32), axis=0) - 1
+        tl.store(list_ptr + base + at, rows.to(list_ptr.dtype.element_ty), mask=listed)
+        count += tl.sum(listed.to(tl.int32), axis=0)
+    # The list, D^2 and the nearest centroids were stored by other threads of this program.
+    tl.debug_barrier()
+    n_exact = count
+    if SCREEN and HAS_CLOSEST:
+        # Pass 2, over the listed rows: lower bounds of their distances to the trials from the
+        # tensor cores. Rows that no trial can come nearer to are kept as they are; the others
+        # stay listed (compacted in place: a row never moves past the tile being read).
+        n_exact = tl.zeros((), tl.int32)
+        for i0 in range(0, count, BLOCK_N):
             lanes = i0 + tl.arange(0, BLOCK_N)
-            live = lanes < n_exact
+            live = lanes < count
             rows = tl.load(list_ptr + base + lanes, mask=live, other=0, cache_modifier=".cg").to(tl.int64)
-            closest = tl.load(closest_ptr + rows, mask=live & HAS_CLOSEST, other=0.0, cache_modifier=".cg")
-            pot += _exact_tile(x_ptr, offset_ptr, scale_ptr, w_ptr, picked_ptr, sq_ptr, bits_ptr, rows, live, closest,
-                               n, d, m, stride_xn, stride_xd, BLOCK_N, BLOCK_D, M, MP,
-                               HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_CLOSEST)
-    else:
-        # Every row, in order (``prune=False``).
-        for r0 in range(0, BLOCK_ROWS, BLOCK_N):
-            rows = base + r0 + tl.arange(0, BLOCK_N)
-            live = rows < n
-            closest = tl.zeros((BLOCK_N,), tl.float32)
-            if HAS_CLOSEST:
-                closest, changed, _ = _closest(rows, live, sq_ptr, closest_ptr, bits_ptr, best, n)
-                tl.store(closest_ptr + rows, closest, mask=changed)
-            pot += _exact_tile(x_ptr, offset_ptr, scale_ptr, w_ptr, picked_ptr, sq_ptr, bits_ptr, rows, live, closest,
-                               n, d, m, stride_xn, stride_xd, BLOCK_N, BLOCK_D, M, MP,
-                               HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_CLOSEST)
-            count += tl.sum(live.to(tl.int32), axis=0)
-        n_exact = count
+            closest = tl.load(closest_ptr + rows, mask=live, other=0.0, cache_modifier=".cg")
+            owner = tl.load(owner_ptr + rows, mask=live, other=0, cache_modifier=".cg")
+            out = live[:, None] & trial_live[None, :]
+            gap = tl.load(gap_ptr + owner[:, None].to(tl.int64) * MP + trials[None, :], mask=out, other=0.0)
+            lower = _screened_sq_distances(x_ptr, offset_ptr, scale_ptr, picked_ptr, rows, live, d, m,
+                                           stride_xn, stride_xd, slack, BLOCK_N, BLOCK_D, MP,
+                                           HAS_OFFSET, HAS_SCALE)
+            sure = _settled(closest[:, None], gap, margin) | (lower >= closest[:, None] * screen_margin)
+            exact = live & (tl.sum((out & ~sure).to(tl.int32), axis=1) > 0)
+            done = live & ~exact
+            wv = tl.load(w_ptr + rows, mask=done, other=0.0) if HAS_WEIGHT else done.to(tl.float32)
+            kept += tl.sum(tl.where(done, closest * wv, 0.0).to(tl.float64), axis=0)
+            tl.store(bits_ptr + rows, tl.zeros((BLOCK_N,), tl.int32), mask=done)
+            at = n_exact + tl.cumsum(exact.to(tl.int32), axis=0) - 1
+            tl.store(list_ptr + base + at, rows.to(list_ptr.dtype.element_ty), mask=exact)
+            n_exact += tl.sum(exact.to(tl.int32), axis=0)
+        tl.debug_barrier()
+    # Pass 3, over the rows still listed: their exact distances to the trials. (Where a trial
+    # was settled, the exact minimum is D^2 itself.)
+    for i0 in range(0, n_exact, BLOCK_N):
+        lanes = i0 + tl.arange(0, BLOCK_N)
+        live = lanes < n_exact
+        rows = tl.load(list_ptr + base + lanes, mask=live, other=0, cache_modifier=".cg").to(tl.int64)
+        out = live[:, None] & trial_live[None, :]
+        acc = _trial_sq_distances(x_ptr, offset_ptr, scale_ptr, picked_ptr, rows, live, d, stride_xn, stride_xd,
+                                  BLOCK_N, BLOCK_D, M, MP, HAS_OFFSET, HAS_SCALE)
+        if HAS_CLOSEST:
+            closest = tl.load(closest_ptr + rows, mask=live, other=0.0, cache_modifier=".cg")
+            new = tl.minimum(acc, closest[:, None])
+            nearer = out & (new < closest[:, None])
+        else:
+            new = acc
+            nearer = out
+        # Only the trials that came nearer: D^2 elsewhere stays in ``closest``.
+        tl.store(sq_ptr + trials[None, :].to(tl.int64) * n + rows[:, None], new, mask=nearer)
+        tl.store(bits_ptr + rows, tl.sum(tl.where(nearer, 1 << trials[None, :], 0), axis=1), mask=live)
+        wv = tl.load(w_ptr + rows, mask=live, other=0.0) if HAS_WEIGHT else live.to(tl.float32)
+        pot += tl.sum(tl.where(out, new * wv[:, None], 0.0).to(tl.float64), axis=0)
     tl.store(block_pot_ptr + trials.to(tl.int64) * n_blocks + block, pot + kept, mask=trial_live)
     # Per block, over the steps (each program its own slot: atomics on one counter per step, from
     # every program, would queue).
@@ -403,16 +374,14 @@ class PlusPlus:
     ``steps(count)`` chooses the next ``count``. ``rows`` (int64, (n_clusters,)) holds the chosen
     rows' indices, in order. ``rows_read()`` is how many rows the steps after the first read (the
     others were settled by the triangle inequality), ``rows_recomputed()`` how many of those got
-    exact distances (the others were settled by the tensor-core screen). ``prune=False`` scores every
-    row (an A/B baseline), ``screen`` (default: wide rows,
-    many of them) the screen; ``block_rows`` and ``block_n`` override the tiles (tests,
-    ``scripts/diag_init.py``).
+    exact distances (the others were settled by the tensor-core screen). ``screen`` (default:
+    wide rows, many of them) turns the screen on or off; ``block_rows`` and ``block_n`` override
+    the tiles (tests, ``scripts/diag_init.py``).
     """
 
     def __init__(self, x: torch.Tensor, n_clusters: int, uniforms: torch.Tensor, *, offset: torch.Tensor | None = None,
                  row_scale: torch.Tensor | None = None, sample_weight: torch.Tensor | None = None,
-                 block_rows: int | None = None, block_n: int | None = None, prune: bool | None = None,
-                 screen: bool | None = None) -> None:
+                 block_rows: int | None = None, block_n: int | None = None, screen: bool | None = None) -> None:
         n, d = x.shape
         device = x.device
         self.x, self.n, self.d, self.n_clusters = x, n, d, n_clusters
@@ -425,13 +394,8 @@ class PlusPlus:
         self.weight = None if sample_weight is None else sample_weight.to(device, torch.float32).contiguous()
         self.block_rows = block_rows or _block_rows(n, device)
         self.n_blocks = triton.cdiv(n, self.block_rows)
-        # Without the triangle inequality (``prune=False``, every row scored in order: an A/B
-        # baseline), the steps measured slower even where they are bound by latency (H200,
-        # scripts/diag_init.py, 2026-11-23): 245,760 x 32 x 1024 49 ms against 44, 32,768 x 256 x
-        # 8192 0.33 s against 0.32.
-        self.prune = True if prune is None else prune
         # The tensor-core screen pays where a row's exact distances cost more than reading it.
-        self.screen = self.prune and (d >= _SCREEN_FEATURES and n >= _SCREEN_ROWS if screen is None else screen)
+        self.screen = d >= _SCREEN_FEATURES and n >= _SCREEN_ROWS if screen is None else screen
         self.mp = max(16 if self.screen else 2, triton.next_power_of_2(self.trials))
         self.rows = torch.zeros(n_clusters, dtype=torch.int64, device=device)
         self.listed = torch.zeros(self.n_blocks, dtype=torch.int64, device=device)
@@ -460,11 +424,7 @@ class PlusPlus:
         # against 7.0 with 64 and 9.1 with 16.
         self.block_d = max(16 if self.screen else 1, min(64, triton.next_power_of_2(d)))  # tl.dot: K >= 16
         self.num_warps = 4
-        # Without the triangle inequality, about 4096 values a tile, 32 a thread; for rows of 65-128
-        # features (two chunks) half that. H200, a step's launches: 1M x 128, 0.39 ms with 32-row
-        # tiles against 0.48 with 64 (scripts/diag_init.py --tiles, before the triangle inequality).
-        values = 2048 if 64 < d <= 128 else 4096
-        self.block_n = min(self.block_rows, block_n or (32 if self.prune else max(16, min(128, values // self.block_d))))
+        self.block_n = min(self.block_rows, block_n or 32)
         # The gaps: few centroids a program and wide chunks, so that a program's chain of loads is
         # short (with 32 centroids and 64-feature chunks, 29 us a step at 1M x 768 while the first
         # few dozen centroids were chosen, on an H200).
@@ -492,7 +452,7 @@ class PlusPlus:
             self.n, self.d, self.n_blocks, m, self.x.stride(0), self.x.stride(1), self.margin, self.slack,
             self.screen_margin,
             BLOCK_ROWS=self.block_rows, SCAN_N=self.scan_n, BLOCK_N=self.block_n, BLOCK_D=self.block_d,
-            M=m, MP=self.mp, PRUNE=self.prune, SCREEN=self.screen, HAS_WEIGHT=self.weight is not None, HAS_CLOSEST=has_closest,
+            M=m, MP=self.mp, SCREEN=self.screen, HAS_WEIGHT=self.weight is not None, HAS_CLOSEST=has_closest,
             num_warps=self.num_warps, **self._flags,
         )
 
@@ -531,8 +491,7 @@ class PlusPlus:
                 BLOCK_ROWS=self.block_rows, CHUNK_BLOCKS=self.chunk_blocks, HAS_WEIGHT=self.weight is not None,
                 num_warps=4,
             )
-            if self.prune:
-                self._gaps()
+            self._gaps()
             self._score(self.trials, has_closest=True)
             self._choose(self.trials)
 
@@ -566,16 +525,14 @@ def kmeans_plusplus(
     graphs: bool = False,
     block_rows: int | None = None,
     block_n: int | None = None,
-    prune: bool | None = None,
     screen: bool | None = None,
 ) -> torch.Tensor:
     """Greedy k-means++ (module docstring): the indices (int64, (n_clusters,)) of the rows chosen
     as centroids, in order. ``graphs``: replay the steps as CUDA graphs (CUDA only; the host then
-    issues one graph per ``_GRAPH_STEPS`` steps). ``prune``, ``screen``, ``block_rows`` and
-    ``block_n``: as ``PlusPlus``'s (each choice picks the same rows)."""
+    issues one graph per ``_GRAPH_STEPS`` steps). ``screen``, ``block_rows`` and ``block_n``:
+    as ``PlusPlus``'s (each choice picks the same rows)."""
     state = PlusPlus(x, n_clusters, uniforms, offset=offset, row_scale=row_scale, sample_weight=sample_weight,
-                     block_rows=block_rows, block_n=block_n, prune=prune,
-                     screen=screen)
+                     block_rows=block_rows, block_n=block_n, screen=screen)
     state.start(first_row)
     remaining = n_clusters - 1
     if remaining:

@@ -17,15 +17,13 @@ def _problem(n, d, k, seed):
     return g, x.to(DEVICE), uniforms, first.to(DEVICE)
 
 
-# prune=False: every row scored, no triangle inequality (an A/B baseline).
 @pytest.mark.parametrize("d", [1, 3, 17, 129, 300])  # 300: wider than a tile, read by chunks
 @pytest.mark.parametrize("k", [1, 7])
-@pytest.mark.parametrize("prune", [False, True])
-def test_kmeans_plusplus_picks_the_references_rows(d, k, prune):
+def test_kmeans_plusplus_picks_the_references_rows(d, k):
     # 331 rows in blocks of 64 (the last one short), tiles of 16 rows.
     g, x, uniforms, first = _problem(331, d, k, seed=d * 1000 + k)
     want = kmeans_plusplus_reference(x, k, first, uniforms)
-    got = kmeans_plusplus(x, k, first, uniforms, block_rows=64, block_n=16, prune=prune)
+    got = kmeans_plusplus(x, k, first, uniforms, block_rows=64, block_n=16)
     assert got.tolist() == want.tolist()
     assert len(set(got.tolist())) == k  # distinct random rows: never a chosen one again
 
@@ -38,12 +36,10 @@ def test_kmeans_plusplus_picks_the_references_rows_over_many_steps(k):
     want = kmeans_plusplus_reference(x, k, first, uniforms)
     assert kmeans_plusplus(x, k, first, uniforms, block_rows=512, block_n=128).tolist() == want.tolist()
     assert kmeans_plusplus(x, k, first, uniforms, graphs=ON_GPU).tolist() == want.tolist()  # default tiles
-    assert kmeans_plusplus(x, k, first, uniforms, graphs=ON_GPU, prune=True).tolist() == want.tolist()
 
 
 @pytest.mark.parametrize("transform", ["offset", "row_scale", "weights"])
-@pytest.mark.parametrize("prune", [False, True])
-def test_kmeans_plusplus_with_offset_row_scale_and_weights(transform, prune):
+def test_kmeans_plusplus_with_offset_row_scale_and_weights(transform):
     g, x, uniforms, first = _problem(301, 5, 12, seed=7)
     kw = {
         "offset": {"offset": torch.full((5,), 1.0).to(DEVICE)},
@@ -52,7 +48,7 @@ def test_kmeans_plusplus_with_offset_row_scale_and_weights(transform, prune):
         "weights": {"sample_weight": (torch.rand(301, generator=g) * (torch.arange(301) % 3 != 0)).to(DEVICE)},
     }[transform]
     want = kmeans_plusplus_reference(x, 12, first, uniforms, **kw)
-    got = kmeans_plusplus(x, 12, first, uniforms, block_rows=128, block_n=32, prune=prune, **kw)
+    got = kmeans_plusplus(x, 12, first, uniforms, block_rows=128, block_n=32, **kw)
     assert got.tolist() == want.tolist()
     if transform == "weights":
         assert all(r % 3 != 0 for r in got[1:].tolist())
@@ -68,13 +64,12 @@ def test_kmeans_plusplus_takes_each_distinct_row_before_repeating_one():
     first = torch.tensor([7], device=DEVICE)
     got = kmeans_plusplus(x, 9, first, uniforms, block_rows=64, block_n=16)
     assert got.tolist() == kmeans_plusplus_reference(x, 9, first, uniforms).tolist()
-    assert kmeans_plusplus(x, 9, first, uniforms, block_rows=64, block_n=16, prune=True).tolist() == got.tolist()
     assert len({r % 6 for r in got[:6].tolist()}) == 6
     assert got[6:].tolist() == [0, 0, 0]
 
 
 def _run(x, k, first, uniforms, **kw):
-    state = PlusPlus(x, k, uniforms, block_rows=256, block_n=32, prune=True, **kw)
+    state = PlusPlus(x, k, uniforms, block_rows=256, block_n=32, **kw)
     state.start(first)
     state.steps(k - 1)
     return state
@@ -131,7 +126,6 @@ def test_kmeans_plusplus_replayed_as_graphs_equals_eager_steps():
     eager = kmeans_plusplus(x, 300, first, uniforms, offset=offset)
     replayed = kmeans_plusplus(x, 300, first, uniforms, offset=offset, graphs=True)
     assert torch.equal(eager, replayed)
-    assert torch.equal(eager, kmeans_plusplus(x, 300, first, uniforms, offset=offset, graphs=True, prune=True))
     assert eager.unique().numel() == 300
     small = x[:2000]
     assert kmeans_plusplus(small, 200, first, uniforms[:200], offset=offset, graphs=True).tolist() == \
@@ -154,7 +148,7 @@ def test_screened_kmeans_plusplus_on_wide_rows_picks_the_references_rows(data, d
     uniforms = torch.rand(k, 2 + int(math.log(k)), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     first = torch.tensor([3], device="cuda")
     assert not PlusPlus(x, k, uniforms, offset=offset).screen  # wide rows, too few of them for the default
-    state = PlusPlus(x, k, uniforms, offset=offset, prune=True, screen=True)
+    state = PlusPlus(x, k, uniforms, offset=offset, screen=True)
     state.start(first)
     state.steps(k - 1)
     assert state.rows.tolist() == kmeans_plusplus_reference(x, k, first, uniforms, offset=offset).tolist()
