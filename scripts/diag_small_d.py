@@ -26,13 +26,12 @@ SHAPES = [(100_000_000, 2, 32), (245_760, 2, 32), (1_000_000, 1, 64), (1_000_000
           (1_000_000, 2, 1000), (1_000_000, 8, 32)]
 
 
-def run_variant(x, c, columns: bool, update: bool = True, hoist: bool = True, loop_like: bool = False):
+def run_variant(x, c, columns: bool, update: bool = True, loop_like: bool = False):
     """``loop_like``: as the Lloyd loop calls it, int32 labels overwriting their previous values in
     place (``prev_labels=labels``) and a control word (``control``)."""
     from torchkm._kernels.assign import AssignPass
 
     os.environ["TORCHKM_SMALL_D_COLUMNS"] = "1" if columns else "0"
-    os.environ["TORCHKM_SMALL_D_HOIST"] = "1" if hoist else "0"
     n, k = x.shape[0], c.shape[0]
     labels = torch.full((n,), -1, dtype=torch.int32 if loop_like else torch.int64, device=x.device)
     run = AssignPass(x, k, "exact", update=update)
@@ -84,7 +83,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d")}
     print(meta, flush=True)
     rows = []
-    print(f"{'n':>11} {'d':>2} {'k':>5} {'dtype':9} {'update':6} {'loop ms':>8} {'chunks ms':>9} {'speedup':>7} {'unhoisted':>8} {'mma sums':>8} "
+    print(f"{'n':>11} {'d':>2} {'k':>5} {'dtype':9} {'update':6} {'loop ms':>8} {'chunks ms':>9} {'speedup':>7} {'mma sums':>8} "
           f"{'off% loop/chunks':>17} {'counts err':>10} {'sums rel err':>12}")
     g = torch.Generator(device="cuda").manual_seed(int(time.time()))
     for n, d, k in SHAPES:
@@ -97,22 +96,20 @@ def main() -> None:
                     continue
                 old_ms, old_labels, old_acc = run_variant(x, c, False, update)
                 new_ms, new_labels, new_acc = run_variant(x, c, True, update)
-                unhoisted_ms = run_variant(x, c, True, update, hoist=False)[0]
                 os.environ["TORCHKM_SMALL_D_REG_ACC"] = "0"
                 mma_ms, mma_labels, mma_acc = run_variant(x, c, True, update)
                 del os.environ["TORCHKM_SMALL_D_REG_ACC"]
                 mma_check = check(x, c, mma_labels, mma_acc)
-                loop_like = {f"{name}_ms": run_variant(x, c, columns, update, hoist, loop_like=True)[0]
-                             for name, columns, hoist in [("loop", False, True), ("chunks", True, True),
-                                                          ("unhoisted", True, False)]}
+                loop_like = {f"{name}_ms": run_variant(x, c, columns, update, loop_like=True)[0]
+                             for name, columns in [("loop", False), ("chunks", True)]}
                 print("      as in the Lloyd loop (prev_labels=labels, int32, control):", loop_like, flush=True)
                 old_check, new_check = check(x, c, old_labels, old_acc), check(x, c, new_labels, new_acc)
                 row = {"n": n, "d": d, "k": k, "dtype": dtype_name, "update": update, "loop_ms": old_ms,
-                       "chunks_ms": new_ms, "chunks_unhoisted_ms": unhoisted_ms, "chunks_mma_sums_ms": mma_ms, "loop_like": loop_like, "mma_sums_check": mma_check, "loop_check": old_check, "chunks_check": new_check,
+                       "chunks_ms": new_ms, "chunks_mma_sums_ms": mma_ms, "loop_like": loop_like, "mma_sums_check": mma_check, "loop_check": old_check, "chunks_check": new_check,
                        "labels_differ": int((old_labels != new_labels).sum().item())}
                 rows.append(row)
                 print(f"{n:>11,} {d:>2} {k:>5} {dtype_name:9} {update!s:6} {old_ms:8.3f} {new_ms:9.3f} "
-                      f"{old_ms / new_ms:7.2f} {unhoisted_ms:8.3f} {mma_ms:8.3f} {old_check['off_percent']:8.3f}/{new_check['off_percent']:.3f} "
+                      f"{old_ms / new_ms:7.2f} {mma_ms:8.3f} {old_check['off_percent']:8.3f}/{new_check['off_percent']:.3f} "
                       f"{new_check.get('counts_max_abs_err', 0):10.1f} {new_check.get('sums_max_rel_err', 0):12.2e}"
                       f" (mma sums: {mma_check.get('counts_max_abs_err', 0):.1f} {mma_check.get('sums_max_rel_err', 0):.2e})"
                       f"  (labels differ: {row['labels_differ']})", flush=True)

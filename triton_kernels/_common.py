@@ -206,17 +206,6 @@ def transform_rows(x, row_mask, shift, scale, HAS_OFFSET: tl.constexpr, HAS_SCAL
 
 
 @triton.jit
-def transform_feature(x, mask, shift, scale, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """``transform_rows`` for one feature of the rows (vectors over the rows)."""
-    x = x.to(tl.float32)
-    if HAS_OFFSET:
-        x = tl.where(mask, x - shift, 0.0)
-    if HAS_SCALE:
-        x = x * scale
-    return x
-
-
-@triton.jit
 def carry_rows(acc_sums, acc_counts, labels, w, xr, KP: tl.constexpr):
     """``(acc_sums, acc_counts)`` (KP x DP, KP) plus the rows ``xr`` (BLOCK_N x DP) of weight ``w``
     (0 for rows that must not count) by cluster ``labels``: a one-hot product (``onehot_sums``)."""

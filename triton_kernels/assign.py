@@ -96,7 +96,6 @@ from ._common import (
     onehot_max_k,
     onehot_width,
     persistent_grid,
-    transform_feature,
     transform_rows,
     unused,
 )
@@ -1013,6 +1012,13 @@ def _half_rows_kernel(x_ptr, out_ptr, half_ptr, control_ptr, start, n, d, stride
 
 
 @triton.jit
+def _first_min(v0, i0, v1, i1):
+    """Combine of a (value, index) minimum: of equal values the first operand's (lower) index stays."""
+    take = v1 < v0
+    return tl.where(take, v1, v0), tl.where(take, i1, i0)
+
+
+@triton.jit
 def _assign_small_d_kernel(
     x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr,
     labels_ptr, sq_dist_ptr, prev_ptr, acc_ptr, counts_offset, part_inertia_ptr, part_changed_ptr,
@@ -1020,32 +1026,44 @@ def _assign_small_d_kernel(
     BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, NC: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     STORE_SQ_DIST: tl.constexpr, HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, HAS_CONTROL: tl.constexpr,
-    REG_ACC: tl.constexpr, COLUMNS: tl.constexpr, KC: tl.constexpr, HOIST: tl.constexpr,
+    REG_ACC: tl.constexpr, COLUMNS: tl.constexpr, KC: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    DENSE_ROWS: tl.constexpr,
 ):
     """d <= 8: one row per thread, the distance taken directly from the difference in fp32 (exact up
     to fp32 rounding of d terms); tensor cores would pad d to 16.
 
     With ``COLUMNS`` (d <= 4) a tile's distances are a (KC centroids x BLOCK_N rows) array: each
-    thread holds a chunk of KC centroids for its rows, loaded together, so its KC distances and
-    their minimum are independent in-thread work. (Without it, a loop over single centroids, each
-    waiting on its own load: 245,760 x 2 ... 100M x 2, k = 32 took 6.9 ms per pass on an H200.)
+    thread holds a chunk of KC centroids for its rows, so its KC distances and their minimum (one
+    ``tl.reduce`` of (distance, index) pairs, lowest index on ties) are independent in-thread work.
+    With ``ONE_CHUNK`` (k <= KC) the program loads the centroids once. (Without ``COLUMNS``, a loop
+    over single centroids, each waiting on its own load: 100M x 2, k = 32 took 6.9 ms per pass on
+    an H200.)
 
-    Each program walks ``tiles_per_program`` consecutive row tiles and keeps its statistics and (few
-    clusters) its per-cluster sums in registers, so a pass issues one set of atomics per program, not
-    per tile. With ``REG_ACC`` (d <= 4 and few clusters) each thread keeps per-cluster sums of its
-    own rows in registers; otherwise the sums of a tile are a one-hot product on the tensor cores,
-    whose columns hold each weighted feature and the weight split exactly into three tf32 parts, so
-    the products are exact and only the fp32 accumulation rounds.
+    Program ``p`` of ``G`` takes row tiles ``p, p + G, p + 2G, ...`` (``tiles_per_program`` of them)
+    and keeps its statistics and (few clusters) its per-cluster sums in registers, so a pass issues
+    one set of atomics per program, not per tile. The loads of tile ``t + 1`` (rows, weights,
+    scales, previous labels) are issued before tile ``t`` is searched, so memory latency hides
+    behind a tile's search. (H200, 100M x 2, k = 32, with the centroids in registers: 2.49 ms a pass
+    without this, 1.84 with it; ncu put 82 % of the stalls on the rows' and the previous labels'
+    loads, which ptxas had placed one after the other around the search.) ``DENSE_ROWS``:
+    contiguous rows of exactly DP features, one vector load per row.
+
+    With ``REG_ACC`` (d <= 4 and few clusters) each thread keeps per-cluster sums of its own rows in
+    registers; otherwise the sums of a tile are a one-hot product on the tensor cores, whose columns
+    hold each weighted feature and the weight split exactly into three tf32 parts, so the products
+    are exact and only the fp32 accumulation rounds.
     """
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
     if go:
         pid = tl.program_id(0)
+        programs = tl.num_programs(0)
         sums_ptr = acc_ptr
         counts_ptr = acc_ptr + counts_offset
         dims = tl.arange(0, DP)
         dim_mask = dims < d
+        shift = tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0)
         inertia_rows = tl.zeros((BLOCK_N,), tl.float32)
         changed_rows = tl.zeros((BLOCK_N,), tl.int32)
         if UPDATE == 1:
@@ -1066,134 +1084,129 @@ def _assign_small_d_kernel(
                 feature = cols % (d + 1)  # feature d is the weight
                 part = cols // (d + 1)
                 acc = tl.zeros((KP, NC), tl.float32)
-        if COLUMNS and HOIST:
-            # One chunk holds every centroid: loaded once per program, not per tile.
-            chunk = tl.arange(0, KC)
-            chunk_mask = chunk < k
-            h0 = tl.load(c_ptr + chunk * d, mask=chunk_mask, other=float("inf"))
+        chunk = tl.arange(0, KC)
+        if COLUMNS and ONE_CHUNK:
+            # A padded centroid sits at infinity: its distance is +inf and never wins.
+            h0 = tl.load(c_ptr + chunk * d, mask=chunk < k, other=float("inf"))
             if DP > 1:
-                h1 = tl.load(c_ptr + chunk * d + 1, mask=chunk_mask, other=0.0)
+                h1 = tl.load(c_ptr + chunk * d + 1, mask=chunk < k, other=0.0)
             if DP > 2:
-                h2 = tl.load(c_ptr + chunk * d + 2, mask=chunk_mask, other=0.0)
-                h3 = tl.load(c_ptr + chunk * d + 3, mask=chunk_mask & (chunk * 0 + 3 < d), other=0.0)
-        first_row = pid.to(tl.int64) * tiles_per_program * BLOCK_N  # 64-bit: n * stride can pass 2^31
-        for t in range(tiles_per_program):
-            rows = first_row + t * BLOCK_N + tl.arange(0, BLOCK_N)
+                h2 = tl.load(c_ptr + chunk * d + 2, mask=chunk < k, other=0.0)
+                h3 = tl.load(c_ptr + chunk * d + 3, mask=(chunk < k) & (chunk * 0 + 3 < d), other=0.0)
+        # Step t loads tile t and searches tile t - 1 (its loads came in the step before).
+        x_next = tl.zeros((BLOCK_N, DP), x_ptr.dtype.element_ty)
+        scale_next = tl.full((BLOCK_N,), 1.0, tl.float32)
+        w_next = tl.zeros((BLOCK_N,), tl.float32)
+        prev_next = tl.zeros((BLOCK_N,), tl.int32)
+        for t in range(tiles_per_program + 1):
+            # 64-bit: n * stride can pass 2^31. Tile t = tiles_per_program (the last prefetch) lies
+            # past the rows: the grid is cdiv(tiles, tiles_per_program).
+            rows = (pid + t * programs).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
             row_mask = rows < n
+            x_tile = x_next
+            scale = scale_next
+            w = w_next
+            prev = prev_next
+            if DENSE_ROWS:
+                x_next = tl.load(x_ptr + rows[:, None] * DP + dims[None, :], mask=row_mask[:, None], other=0.0)
+            else:
+                x_next = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                 mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
             if HAS_SCALE:
-                scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
-            else:
-                scale = tl.full((BLOCK_N,), 1.0, tl.float32)
-            best = tl.full((BLOCK_N,), float("inf"), tl.float32)
-            label = tl.zeros((BLOCK_N,), tl.int32)
-            if COLUMNS:
-                x0 = transform_feature(
-                    tl.load(x_ptr + rows * stride_xn, mask=row_mask, other=0.0),
-                    row_mask, tl.load(offset_ptr + rows * 0, mask=row_mask & HAS_OFFSET, other=0.0), scale,
-                    HAS_OFFSET, HAS_SCALE)
-                if DP > 1:
-                    x1 = transform_feature(
-                        tl.load(x_ptr + rows * stride_xn + 1 * stride_xd, mask=row_mask, other=0.0),
-                        row_mask, tl.load(offset_ptr + 1 + rows * 0, mask=row_mask & HAS_OFFSET, other=0.0), scale,
-                        HAS_OFFSET, HAS_SCALE)
-                if DP > 2:
-                    x2 = transform_feature(
-                        tl.load(x_ptr + rows * stride_xn + 2 * stride_xd, mask=row_mask, other=0.0),
-                        row_mask, tl.load(offset_ptr + 2 + rows * 0, mask=row_mask & HAS_OFFSET, other=0.0), scale,
-                        HAS_OFFSET, HAS_SCALE)
-                    has3 = row_mask & (rows * 0 + 3 < d)
-                    x3 = transform_feature(
-                        tl.load(x_ptr + rows * stride_xn + 3 * stride_xd, mask=has3, other=0.0),
-                        has3, tl.load(offset_ptr + 3 + rows * 0, mask=has3 & HAS_OFFSET, other=0.0), scale,
-                        HAS_OFFSET, HAS_SCALE)
-                chunk = tl.arange(0, KC)
-                for j0 in range(0, k, KC):
-                    chunk_cols = j0 + chunk
-                    chunk_mask = chunk_cols < k
-                    if HOIST:
-                        c0 = h0
-                        if DP > 1:
-                            c1 = h1
-                        if DP > 2:
-                            c2 = h2
-                            c3 = h3
-                    else:
-                        # A padded centroid sits at infinity: its distance is +inf and never wins.
-                        c0 = tl.load(c_ptr + chunk_cols * d, mask=chunk_mask, other=float("inf"))
-                        if DP > 1:
-                            c1 = tl.load(c_ptr + chunk_cols * d + 1, mask=chunk_mask, other=0.0)
-                        if DP > 2:
-                            c2 = tl.load(c_ptr + chunk_cols * d + 2, mask=chunk_mask, other=0.0)
-                            c3 = tl.load(c_ptr + chunk_cols * d + 3, mask=chunk_mask & (chunk_cols * 0 + 3 < d), other=0.0)
-                    diff = x0[None, :] - c0[:, None]
-                    dist = diff * diff
-                    if DP > 1:
-                        diff = x1[None, :] - c1[:, None]
-                        dist += diff * diff
-                    if DP > 2:
-                        diff = x2[None, :] - c2[:, None]
-                        dist += diff * diff
-                        diff = x3[None, :] - c3[:, None]
-                        dist += diff * diff
-                    low = tl.min(dist, axis=0)
-                    # The lowest index among the chunk's minima; earlier chunks win ties (strict <).
-                    at = tl.min(tl.where(dist == low[None, :], chunk[:, None], KC), axis=0)
-                    better = low < best
-                    best = tl.where(better, low, best)
-                    label = tl.where(better, j0 + at, label)
-                if (UPDATE == 1 and not REG_ACC) or UPDATE == 2:  # these sums read the row tile
-                    xr = transform_rows(
-                        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
-                        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
-            else:
-                xr = transform_rows(
-                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
-                    row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
-                for j in range(k):
-                    cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
-                    diff = xr - cj[None, :]
-                    dist = tl.sum(diff * diff, axis=1)
-                    better = dist < best  # strict: ties keep the lower index
-                    best = tl.where(better, dist, best)
-                    label = tl.where(better, j, label)
+                scale_next = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
             if HAS_WEIGHT:
-                w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
+                w_next = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
             else:
-                w = row_mask.to(tl.float32)
+                w_next = row_mask.to(tl.float32)
             if HAS_PREV:  # read before labels are written: labels may overwrite prev_labels in place
-                prev = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
-                changed_rows += (row_mask & (prev != label)).to(tl.int32)
-            else:
-                changed_rows += row_mask.to(tl.int32)
-            tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
-            if STORE_SQ_DIST:
-                tl.store(sq_dist_ptr + rows, best, mask=row_mask)
-            inertia_rows += tl.where(row_mask, best * w, 0.0)
-            if UPDATE == 1 and REG_ACC:
-                onehot = tl.where(k_cols[:, None] == label[None, :], w[None, :], 0.0)
-                acc_w += onehot
-                acc_0 += onehot * x0[None, :]
-                if DP > 1:
-                    acc_1 += onehot * x1[None, :]
-                if DP > 2:
-                    acc_2 += onehot * x2[None, :]
-                    acc_3 += onehot * x3[None, :]
-            if UPDATE == 1 and not REG_ACC:
-                onehot = (label[:, None] == k_cols[None, :]).to(tl.float32)
-                v = transform_rows(
-                    tl.load(x_ptr + rows[:, None] * stride_xn + feature[None, :] * stride_xd, mask=row_mask[:, None] & (feature < d)[None, :], other=0.0),
-                    row_mask, tl.load(offset_ptr + feature, mask=(feature < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
-                v = tl.where(feature[None, :] == d, w[:, None], v * w[:, None])
-                hi = _round_tf32(v)
-                mid = _round_tf32(v - hi)
-                lo = v - hi - mid
-                v = tl.where(part[None, :] == 0, hi, tl.where(part[None, :] == 1, mid, tl.where(part[None, :] == 2, lo, 0.0)))
-                acc = tl.dot(tl.trans(onehot), v, acc, input_precision="tf32")
-            if UPDATE == 2:
-                label64 = label.to(tl.int64)
-                tl.atomic_add(sums_ptr + label64[:, None] * d + dims[None, :], xr * w[:, None],
-                              mask=row_mask[:, None] & dim_mask[None, :], sem="relaxed")
-                tl.atomic_add(counts_ptr + label64, w, mask=row_mask, sem="relaxed")
+                prev_next = tl.load(prev_ptr + rows, mask=row_mask, other=0).to(tl.int32)
+            rows = rows - programs * BLOCK_N
+            row_mask = (rows >= 0) & (rows < n)
+            if t > 0:
+                xr = transform_rows(x_tile, row_mask, shift, scale, HAS_OFFSET, HAS_SCALE)
+                best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+                label = tl.zeros((BLOCK_N,), tl.int32)
+                if COLUMNS:
+                    if DP == 1:
+                        x0 = tl.sum(xr, axis=1)
+                    elif DP == 2:
+                        x0, x1 = tl.split(xr)
+                    else:
+                        even, odd = tl.split(tl.reshape(xr, (BLOCK_N, 2, 2)))
+                        x0, x2 = tl.split(even)
+                        x1, x3 = tl.split(odd)
+                    for j0 in range(0, k, KC):
+                        if ONE_CHUNK:
+                            c0 = h0
+                            if DP > 1:
+                                c1 = h1
+                            if DP > 2:
+                                c2 = h2
+                                c3 = h3
+                        else:
+                            chunk_cols = j0 + chunk
+                            chunk_mask = chunk_cols < k
+                            c0 = tl.load(c_ptr + chunk_cols * d, mask=chunk_mask, other=float("inf"))
+                            if DP > 1:
+                                c1 = tl.load(c_ptr + chunk_cols * d + 1, mask=chunk_mask, other=0.0)
+                            if DP > 2:
+                                c2 = tl.load(c_ptr + chunk_cols * d + 2, mask=chunk_mask, other=0.0)
+                                c3 = tl.load(c_ptr + chunk_cols * d + 3, mask=chunk_mask & (chunk_cols * 0 + 3 < d), other=0.0)
+                        diff = x0[None, :] - c0[:, None]
+                        dist = diff * diff
+                        if DP > 1:
+                            diff = x1[None, :] - c1[:, None]
+                            dist += diff * diff
+                        if DP > 2:
+                            diff = x2[None, :] - c2[:, None]
+                            dist += diff * diff
+                            diff = x3[None, :] - c3[:, None]
+                            dist += diff * diff
+                        low, at = tl.reduce((dist, tl.broadcast_to(chunk[:, None], (KC, BLOCK_N))), 0, _first_min)
+                        better = low < best  # strict: earlier chunks win ties
+                        best = tl.where(better, low, best)
+                        label = tl.where(better, j0 + at, label)
+                else:
+                    for j in range(k):
+                        cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
+                        diff = xr - cj[None, :]
+                        dist = tl.sum(diff * diff, axis=1)
+                        better = dist < best  # strict: ties keep the lower index
+                        best = tl.where(better, dist, best)
+                        label = tl.where(better, j, label)
+                if HAS_PREV:
+                    changed_rows += (row_mask & (prev != label)).to(tl.int32)
+                else:
+                    changed_rows += row_mask.to(tl.int32)
+                tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=row_mask)
+                if STORE_SQ_DIST:
+                    tl.store(sq_dist_ptr + rows, best, mask=row_mask)
+                inertia_rows += best * w  # w is 0 on masked rows
+                if UPDATE == 1 and REG_ACC:
+                    onehot = tl.where(k_cols[:, None] == label[None, :], w[None, :], 0.0)
+                    acc_w += onehot
+                    acc_0 += onehot * x0[None, :]
+                    if DP > 1:
+                        acc_1 += onehot * x1[None, :]
+                    if DP > 2:
+                        acc_2 += onehot * x2[None, :]
+                        acc_3 += onehot * x3[None, :]
+                if UPDATE == 1 and not REG_ACC:
+                    onehot = (label[:, None] == k_cols[None, :]).to(tl.float32)
+                    v = transform_rows(
+                        tl.load(x_ptr + rows[:, None] * stride_xn + feature[None, :] * stride_xd, mask=row_mask[:, None] & (feature < d)[None, :], other=0.0),
+                        row_mask, tl.load(offset_ptr + feature, mask=(feature < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
+                    v = tl.where(feature[None, :] == d, w[:, None], v * w[:, None])
+                    hi = _round_tf32(v)
+                    mid = _round_tf32(v - hi)
+                    lo = v - hi - mid
+                    v = tl.where(part[None, :] == 0, hi, tl.where(part[None, :] == 1, mid, tl.where(part[None, :] == 2, lo, 0.0)))
+                    acc = tl.dot(tl.trans(onehot), v, acc, input_precision="tf32")
+                if UPDATE == 2:
+                    label64 = label.to(tl.int64)
+                    tl.atomic_add(sums_ptr + label64[:, None] * d + dims[None, :], xr * w[:, None],
+                                  mask=row_mask[:, None] & dim_mask[None, :], sem="relaxed")
+                    tl.atomic_add(counts_ptr + label64, w, mask=row_mask, sem="relaxed")
         tl.store(part_changed_ptr + pid, tl.sum(changed_rows.to(tl.int64), axis=0))
         tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
         if UPDATE == 1 and REG_ACC:
@@ -1618,20 +1631,12 @@ class AssignPass:
         # The rows' norms, where an exact pass is not given them (``__call__``).
         self.own_norms: torch.Tensor | None = None
         if self.small_d:
-            self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device)
-            # The centroid-chunk layout of the small-d search (``TORCHKM_SMALL_D_COLUMNS=0``: the
-            # loop over single centroids, for experiments).
-            # H200, 100M x 2, k = 32, fp32 (scripts/diag_small_d.py, 2026-11-22), ms per pass as the
-            # Lloyd loop calls it (labels overwriting prev_labels, a control word): 6.9 with the
-            # loop over single centroids, 3.0 with chunks. Without sums but with prev_labels the
-            # chunks measured slower (7.8 against 4.1; not understood), so that case keeps the loop.
-            # ``TORCHKM_SMALL_D_HOIST=1`` loads a single chunk once per program instead of per tile:
-            # faster alone (2.83 against 2.94 ms) but 7.8 ms as the loop calls it, so it is off.
-            # (With ``TORCHKM_SMALL_D_COLUMNS=0`` the sums also take the one-hot product: the
-            # per-thread sums are kept in the chunks' layout only.)
+            self.block_n, self.main_grid, self.tiles_per_program = small_d_launch(n, device, self.update == UPDATE_ONEHOT)
+            # The centroid-chunk layout of the small-d search for d <= 4 (``TORCHKM_SMALL_D_COLUMNS=0``:
+            # the loop over single centroids, for experiments; its sums then take the one-hot product).
             self.columns = os.environ.get("TORCHKM_SMALL_D_COLUMNS", "1") != "0"
             # Centroids per chunk: all of them up to 32 (64 for one feature), so that no padded
-            # centroid costs a distance and, in one chunk, the program loads them once.
+            # centroid costs a distance and, in one chunk, each program loads them once.
             self.chunk = min(triton.next_power_of_2(k), 64 if d == 1 else 32)
             self.recheck_grid = 0
         else:
@@ -1959,7 +1964,7 @@ class AssignPass:
         if self.small_d:
             if moves:
                 raise ValueError(f"moves=True needs the tensor-core pass (d > {SMALL_D})")
-            columns = self.columns and d <= 4 and (accumulate or prev_labels is None)
+            columns = self.columns and d <= 4
             if self.main_grid:
                 launcher(_assign_small_d_kernel)[(self.main_grid,)](
                     x, c32, given(offset, name="offset"), given(row_scale, name="scale"),
@@ -1972,8 +1977,10 @@ class AssignPass:
                     NC=max(16, triton.next_power_of_2(3 * (d + 1))),
                     REG_ACC=columns and onehot_width(self.k) * (triton.next_power_of_2(d) + 1) <= 128
                     and os.environ.get("TORCHKM_SMALL_D_REG_ACC", "1") != "0",
-                    COLUMNS=columns, KC=self.chunk, HOIST=columns and self.k <= self.chunk
-                    and os.environ.get("TORCHKM_SMALL_D_HOIST", "0") == "1",
+                    COLUMNS=columns, KC=self.chunk,
+                    ONE_CHUNK=columns and self.k <= self.chunk,
+                    DENSE_ROWS=d == triton.next_power_of_2(d) and x.stride(0) == d and (d == 1 or x.stride(1) == 1)
+                    and x.data_ptr() % (d * x.element_size()) == 0,
                     HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
                     HAS_WEIGHT=sample_weight is not None, STORE_SQ_DIST=sq_dist is not None,
                     HAS_PREV=prev_labels is not None, UPDATE=self.update, num_warps=4,

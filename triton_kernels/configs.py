@@ -190,11 +190,20 @@ def num_persistent_programs(device: torch.device) -> int:
     return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def small_d_launch(n: int, device: torch.device) -> tuple[int, int, int]:
-    """(rows per tile, programs, tiles per program) of the small-d kernel: one row per thread, and
-    about 32 programs per SM (small waves), each walking consecutive tiles (its atomics are issued once, at the end)."""
+def small_d_launch(n: int, device: torch.device, per_program_sums: bool) -> tuple[int, int, int]:
+    """(rows per tile, programs, tiles per program) of the small-d kernel: one row per thread, each
+    program walking its share of the tiles.
+
+    ``per_program_sums``: the programs keep per-cluster sums in registers and add them with atomics
+    when they end, all to the same k (d + 1) addresses, so 4 programs per SM, about as many as fit
+    at once. (H200, 2026-11-23, ms per pass against 32 programs per SM: 1M x 2 x 32 0.077 -> 0.030,
+    245,760 x 2 x 32 0.034 -> 0.017, 1M x 8 x 32 1.05 -> 0.30, 100M x 2 x 32 unchanged at 1.84; two
+    per SM was a little faster up to 1M rows and slower at 10M x 3 x 100.) Otherwise 32 per SM, small
+    waves: searches alone or per-row atomics (100M x 2 x 32, search only: 1.09 ms against 1.27 with 4).
+    """
     block_n = 128
     n_tiles = triton.cdiv(n, block_n)
-    programs = 32 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    per_sm = 4 if per_program_sums else 32
+    programs = per_sm * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     tiles_per_program = max(1, triton.cdiv(n_tiles, programs))
     return block_n, triton.cdiv(n_tiles, tiles_per_program), tiles_per_program

@@ -104,6 +104,39 @@ def test_small_d_pass_matches_reference(k, d):
     _check_fused_pass(d, k, seed=10 * k + d)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "bf16"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("d,k", [(1, 64), (2, 32), (2, 40), (3, 7), (4, 16), (8, 5)])
+def test_small_d_pass_walks_several_tiles_per_program(d, k, weighted, layout):
+    """The small-d kernel loads each tile one step ahead of its search, over interleaved tiles:
+    1,037 rows are 9 tiles, 3 per program under the interpreter (4 programs), the last one short and
+    the prefetch past the end empty. Contiguous rows of 1, 2 or 4 features take one vector load per
+    row, strided or 8-feature rows a tile load, bf16 rows half the bytes. Labels against float64,
+    sums and counts against the reference update of those labels, changed labels against ``prev``."""
+    n = 1037
+    x, c = _data(n, d, k, seed=100 * d + k)
+    if layout == "strided":
+        wide = torch.zeros(n, 2 * d, device=DEVICE)
+        wide[:, 1::2] = x
+        x = wide[:, 1::2]
+    elif layout == "bf16":
+        x = x.to(torch.bfloat16)
+    w = torch.rand(n, device=DEVICE) if weighted else None
+    prev = torch.randint(0, k, (n,), device=DEVICE)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    out = assign(x, c, precision="exact", sample_weight=w, prev_labels=prev, sums=sums, counts=counts)
+    _check_labels(x.float(), c, out.labels, "exact")
+    ref_sums, ref_counts = update_reference(x.float(), out.labels, k, sample_weight=w)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
+    assert int(out.changed) == int((out.labels != prev).sum())
+    direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
+    weights = torch.ones(n, dtype=torch.float64, device=DEVICE) if w is None else w.double()
+    torch.testing.assert_close(out.inertia.double(), direct @ weights, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("search", ["lazy", "eager"])
 @pytest.mark.parametrize("k", [5, 100])
 @pytest.mark.parametrize("d", [17, 65])
