@@ -1979,8 +1979,9 @@ class AssignPass:
                     and os.environ.get("TORCHKM_SMALL_D_REG_ACC", "1") != "0",
                     COLUMNS=columns, KC=self.chunk,
                     ONE_CHUNK=columns and self.k <= self.chunk,
-                    DENSE_ROWS=d == triton.next_power_of_2(d) and x.stride(0) == d and (d == 1 or x.stride(1) == 1)
-                    and x.data_ptr() % (d * x.element_size()) == 0,
+                    # (Triton vectorises the loads as far as the data pointer's alignment allows. No
+                    # data_ptr() here: traced launches get fake tensors.)
+                    DENSE_ROWS=d == triton.next_power_of_2(d) and x.stride(0) == d and (d == 1 or x.stride(1) == 1),
                     HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
                     HAS_WEIGHT=sample_weight is not None, STORE_SQ_DIST=sq_dist is not None,
                     HAS_PREV=prev_labels is not None, UPDATE=self.update, num_warps=4,
