@@ -327,9 +327,7 @@ def lloyd(
     labels returned match the centroids returned. On the kernels an iteration is a few launches;
     on CUDA, blocks of iterations run, each a replay of one captured CUDA graph, and synchronise
     once per block (the device freezes the rest of a block once a stopping rule fires, so the state
-    read back is that of the stopping iteration). Each block is issued before the previous one is
-    read, so the GPU does not wait for the host between blocks (not while ``"auto"`` is still
-    timing the engines). Elsewhere (``TORCHKM_CUDA_GRAPHS=0``, a
+    read back is that of the stopping iteration). Elsewhere (``TORCHKM_CUDA_GRAPHS=0``, a
     distributed fit) each iteration synchronises once to read its statistics; a second time only
     when a cluster went empty.
 
@@ -390,7 +388,6 @@ def lloyd(
 
         engine = make_engine(kind, c)
     it = 0
-    ahead = 0  # iterations of the block issued ahead of the one being read
     while it < max_iter:
         t0 = time.perf_counter()
         if engine is not None:
@@ -399,15 +396,8 @@ def lloyd(
                 engine.iterate(has_prev=it > 0)
                 rows = engine.read(1)
             else:
-                block = ahead or min(engine.block, max_iter - it)
-                if not ahead:
-                    engine.run_block(block)
-                # The next block is issued before this one is read, so that the GPU runs it while
-                # the host reads and checks this one (the device freezes it where this one stopped).
-                # Not while the hybrid times and judges blocks: it may switch engines after each.
-                ahead = min(engine.block, max_iter - it - block) if hybrid is None or hybrid.done else 0
-                if ahead:
-                    engine.run_block(ahead, ahead=True)
+                block = min(engine.block, max_iter - it)
+                engine.run_block(block)
                 rows = engine.read(block)
             # Pruned engines describe their passes; the hybrid reads how each pass ran and its time.
             infos = getattr(engine, "infos", None) or [getattr(engine, "info", None)] * len(rows)
@@ -453,9 +443,6 @@ def lloyd(
                 converged = True
             prev_labels = labels
             if converged or block_ends:
-                # The block issued ahead did nothing (the device froze where this one stopped); the
-                # host's work here (a relocation) needs a block that starts unfrozen.
-                ahead = 0
                 break
         if converged:
             break

@@ -39,7 +39,7 @@ def device_tol(tol: float) -> float:
     return float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
 
 
-@triton.jit(do_not_specialize=["rows"])  # engines log 2, 8 or 16 rows: one compiled kernel
+@triton.jit
 def _record_kernel(record_ptr, stats_prev_ptr, log_ptr, control_ptr, rows, WIDTH: tl.constexpr, WP: tl.constexpr):
     slot = tl.minimum(tl.load(control_ptr + 2), rows - 1)
     lanes = tl.arange(0, WP)
@@ -115,10 +115,7 @@ class ReplayedPass:
         host time; call after a host sync."""
         if self._single is not None:
             return [self._single], [None], [None]
-        out = self.kinds[:rows], self.seconds(rows), list(self.host_seconds[:rows])
-        # Calls issued after these (a block issued ahead) are read next.
-        del self.kinds[:rows], self._marks[:rows], self.host_seconds[:rows]
-        return out
+        return self.kinds[:rows], self.seconds()[:rows], list(self.host_seconds[:rows])
 
     def _timed(self, run: Callable[[], None]):
         if not self.timed:
@@ -166,11 +163,9 @@ class ReplayedPass:
         self.host_seconds.append(time.perf_counter() - started)
         return how
 
-    def seconds(self, rows: int | None = None) -> list[float | None]:
-        """The time of each call since ``begin`` not yet read (the first ``rows``; see the class
-        docstring); call after a host sync that covers them."""
-        return [m if m is None or isinstance(m, float) else m[0].elapsed_time(m[1]) * 1e-3
-                for m in self._marks[:rows]]
+    def seconds(self) -> list[float | None]:
+        """The time of each call since ``begin`` (see the class docstring); call after a host sync."""
+        return [m if m is None or isinstance(m, float) else m[0].elapsed_time(m[1]) * 1e-3 for m in self._marks]
 
 
 class ReplayedEngine:
@@ -205,11 +200,7 @@ class ReplayedEngine:
         block starts unfrozen, after a "previous pass" that stops nothing (``_go``), logging into
         row 0. Each pass ends with ``record_pass``."""
         self._passes = ReplayedPass(run, device, graphs, timed, warm_key)
-        # Two halves: a block issued ahead (``run_block(..., ahead=True)``) logs into the half the
-        # block before it does not; ``_pending`` holds the first log row of each block not yet read.
-        self.log = torch.zeros(2 * block, width, dtype=torch.float64, device=device)
-        self._log_rows = block
-        self._pending: list[int] = []
+        self.log = torch.zeros(block, width, dtype=torch.float64, device=device)
         self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
         self.control = torch.zeros(3, dtype=torch.int32, device=device)
         self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
@@ -219,32 +210,14 @@ class ReplayedEngine:
     def _read_passes(self, rows: int) -> None:
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
 
-    def _run_passes(self, passes: int, ahead: bool = False) -> None:
+    def _run_passes(self, passes: int) -> None:
         """``passes`` passes with no host sync, each logging its record (``record_pass``); the first
-        one sees a control that is not frozen and a previous pass that stops nothing. ``ahead``:
-        the passes continue the block issued before them, not yet read (the first sees that
-        block's last statistics and stays frozen if it froze), logging into the other half."""
-        if ahead:
-            if len(self._pending) != 1:
-                raise RuntimeError("a block is issued ahead of exactly one block not yet read")
-            first = self._log_rows - self._pending[0]
-            self.control[2:].fill_(first)
-        else:
-            first = 0
-            self._pending.clear()
-            self.control.copy_(self._go_control)
-            self.stats_prev.copy_(self._go)
-            self._passes.begin()
-        self._pending.append(first)
+        one sees a control that is not frozen and a previous pass that stops nothing."""
+        self.control.copy_(self._go_control)
+        self.stats_prev.copy_(self._go)
+        self._passes.begin()
         for _ in range(passes):
             self._passes()
-
-    def _read_log(self, rows: int) -> list[list[float]]:
-        """The records of the first ``rows`` passes of the oldest block not yet read (one host sync)."""
-        first = self._pending.pop(0) if self._pending else 0
-        values = self.log[first:first + rows].tolist()
-        self._read_passes(rows)
-        return values
 
 
 class LloydEngine(ReplayedEngine):
@@ -315,18 +288,17 @@ class LloydEngine(ReplayedEngine):
             self.run_block(1)
             return
         self._passes.begin(single="initial")
-        self._pending = [0]
         self._iteration(False, in_block=False)
         self.log[0].copy_(self.stats)
 
-    def run_block(self, iterations: int, ahead: bool = False) -> None:
+    def run_block(self, iterations: int) -> None:
         """Up to ``iterations`` (<= block) iterations after the first, with no host sync: an
-        iteration after one that met a stopping rule, or left a cluster empty, does nothing.
-        ``ahead``: issued before the previous block is read, continuing from where it ends (frozen
-        if it stopped), so that the GPU does not wait for the host between blocks."""
-        self._run_passes(iterations, ahead)
+        iteration after one that met a stopping rule, or left a cluster empty, does nothing."""
+        self._run_passes(iterations)
 
     def read(self, rows: int) -> list[list[float]]:
-        """The statistics of the first ``rows`` iterations of the oldest ``iterate`` or ``run_block``
-        not yet read (one host sync)."""
-        return self._read_log(rows)
+        """The statistics of the first ``rows`` iterations since the last ``iterate`` or
+        ``run_block`` (one host sync)."""
+        values = self.log[:rows].tolist()
+        self._read_passes(rows)
+        return values

@@ -526,7 +526,6 @@ class BoundsEngine(ReplayedEngine):
         if self._first:
             self._first = False
             self._passes.begin(single="full")
-            self._pending = [0]
             self._full_pass(has_prev)
             return
         self._settle_passes_run(1)
@@ -574,17 +573,16 @@ class BoundsEngine(ReplayedEngine):
         self._finish(self.control, p.move_sums, p.move_counts)
         record_pass(self.record, self.stats_prev, self.log, self.control)
 
-    def _settle_passes_run(self, passes: int, ahead: bool = False) -> None:
+    def _settle_passes_run(self, passes: int) -> None:
         """``passes`` settle passes without a host sync, each record into ``log``."""
-        self._run_passes(passes, ahead)
+        self._run_passes(passes)
         # Later settle passes run in blocks (``run_block``), where asked for.
         self.block = self.block_size
 
-    def run_block(self, iterations: int, ahead: bool = False) -> None:
+    def run_block(self, iterations: int) -> None:
         """Up to ``iterations`` (<= ``block_size``) settle passes with one host sync (at the ``read``):
-        a pass after one that met a stopping rule, or left a cluster empty, does nothing.
-        ``ahead``: as ``LloydEngine.run_block``'s."""
-        self._settle_passes_run(iterations, ahead)
+        a pass after one that met a stopping rule, or left a cluster empty, does nothing."""
+        self._settle_passes_run(iterations)
 
     def _finish(self, control: torch.Tensor | None, acc_sums: torch.Tensor, acc_counts: torch.Tensor) -> None:
         p = self.assign_pass
@@ -601,7 +599,8 @@ class BoundsEngine(ReplayedEngine):
     def read(self, rows: int) -> list[list[float]]:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
         ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
-        values = self._read_log(rows)
+        values = self.log[:rows].tolist()
+        self._read_passes(rows)
         n, k = self.x.shape[0], self.c.shape[0]
         block = self.assign_pass.cfg["BLOCK_N"]
         self.infos = []
