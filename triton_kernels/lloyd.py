@@ -19,15 +19,12 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
-from ._common import capture, launch_key, launcher
+from ._common import capture, launch_key
 from .assign import AssignPass
 from .centroids import finish_update
 
-__all__ = ["LloydEngine", "ReplayedEngine", "ReplayedPass", "capture", "device_tol", "launch_key", "record_pass",
-           "record_pass_reference"]
+__all__ = ["LloydEngine", "ReplayedEngine", "ReplayedPass", "capture", "device_tol", "launch_key"]
 
 logger = logging.getLogger("torchkm")
 
@@ -37,43 +34,6 @@ def device_tol(tol: float) -> float:
     up there means they freeze whenever the host (in float64) would stop."""
     tol32 = np.float32(tol) if math.isfinite(tol) else np.float32(-1.0)
     return float(np.nextafter(tol32, np.float32(np.inf)) if float(tol32) < tol else tol32)
-
-
-@triton.jit
-def _record_kernel(record_ptr, stats_prev_ptr, log_ptr, control_ptr, rows, WIDTH: tl.constexpr, WP: tl.constexpr):
-    slot = tl.minimum(tl.load(control_ptr + 2), rows - 1)
-    lanes = tl.arange(0, WP)
-    values = tl.load(record_ptr + lanes, mask=lanes < WIDTH)
-    tl.store(log_ptr + slot * WIDTH + lanes, values, mask=lanes < WIDTH)
-    tl.store(stats_prev_ptr + lanes, values, mask=lanes < 4)
-    tl.store(control_ptr + 2, slot + 1)
-
-
-def record_pass(record: torch.Tensor, stats_prev: torch.Tensor, log: torch.Tensor, control: torch.Tensor) -> None:
-    """The end of a pass of a block, in one launch: its ``record`` (float64, its first four values
-    ``[inertia, shift, changed, empty]``) into row ``control[2]`` of ``log`` (rows x record size,
-    the last row for slots past it), those four into ``stats_prev`` (which the next pass of the
-    block checks), and ``control[2]`` advanced by one.
-
-    Inside the captured pass, so that a replayed iteration costs the host one graph launch: a copy
-    of the record into its row of the log, issued by the host after each replay, cost it about as
-    much again (H200, torch 2.11: 9 us a copy; a fit of 100,000 x 16, k = 10, ran 286 iterations
-    in 11 ms, host-bound, for 3.6 ms of GPU time).
-    """
-    width = record.numel()
-    if log.shape[1] != width or stats_prev.numel() != 4 or width < 4 or control.numel() < 3:
-        raise ValueError("record_pass: log rows must be as wide as the record (>= 4 values), stats_prev 4 wide, "
-                         "control 3 wide")
-    launcher(_record_kernel)[(1,)](record, stats_prev, log, control, log.shape[0], WIDTH=width,
-                                   WP=triton.next_power_of_2(width), num_warps=1)
-
-
-def record_pass_reference(record: torch.Tensor, stats_prev: torch.Tensor, log: torch.Tensor, control: torch.Tensor) -> None:
-    """Pure-torch ``record_pass`` (one host sync for the slot)."""
-    slot = min(int(control[2]), log.shape[0] - 1)
-    log[slot].copy_(record.reshape(-1))
-    stats_prev.copy_(record.reshape(-1)[:4])
-    control[2] = slot + 1
 
 
 class ReplayedPass:
@@ -196,28 +156,28 @@ class ReplayedEngine:
                      width: int, warm_key: tuple | None = None) -> None:
         """The block state: ``run`` as a ``ReplayedPass``, a ``log`` of ``block`` records of ``width``
         values, and the statistics a pass of a block checks: the previous pass's (``stats_prev``)
-        and ``control`` = [frozen, 1, log row] (see ``prepare_centroids`` and ``record_pass``). A
-        block starts unfrozen, after a "previous pass" that stops nothing (``_go``), logging into
-        row 0. Each pass ends with ``record_pass``."""
+        and ``control`` = [frozen, 1] (see ``prepare_centroids``). A block starts unfrozen, after a
+        "previous pass" that stops nothing (``_go``)."""
         self._passes = ReplayedPass(run, device, graphs, timed, warm_key)
         self.log = torch.zeros(block, width, dtype=torch.float64, device=device)
         self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
-        self.control = torch.zeros(3, dtype=torch.int32, device=device)
+        self.control = torch.zeros(2, dtype=torch.int32, device=device)
         self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
-        self._go_control = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
+        self._go_control = torch.tensor([0, 1], dtype=torch.int32, device=device)
         self._read_passes(0)
 
     def _read_passes(self, rows: int) -> None:
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
 
-    def _run_passes(self, passes: int) -> None:
-        """``passes`` passes with no host sync, each logging its record (``record_pass``); the first
+    def _run_passes(self, passes: int, record: torch.Tensor) -> None:
+        """``passes`` passes with no host sync, ``record`` copied into ``log`` after each; the first
         one sees a control that is not frozen and a previous pass that stops nothing."""
         self.control.copy_(self._go_control)
         self.stats_prev.copy_(self._go)
         self._passes.begin()
-        for _ in range(passes):
+        for i in range(passes):
             self._passes()
+            self.log[i].copy_(record)
 
 
 class LloydEngine(ReplayedEngine):
@@ -279,7 +239,7 @@ class LloydEngine(ReplayedEngine):
 
     def _block_iteration(self) -> None:
         self._iteration(True, in_block=True)
-        record_pass(self.stats, self.stats_prev, self.log, self.control)
+        self.stats_prev.copy_(self.stats)
 
     def iterate(self, has_prev: bool) -> None:
         """One iteration, its statistics the first row of the next ``read``: with ``has_prev`` a
@@ -294,7 +254,7 @@ class LloydEngine(ReplayedEngine):
     def run_block(self, iterations: int) -> None:
         """Up to ``iterations`` (<= block) iterations after the first, with no host sync: an
         iteration after one that met a stopping rule, or left a cluster empty, does nothing."""
-        self._run_passes(iterations)
+        self._run_passes(iterations, self.stats)
 
     def read(self, rows: int) -> list[list[float]]:
         """The statistics of the first ``rows`` iterations since the last ``iterate`` or

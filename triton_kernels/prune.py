@@ -51,7 +51,7 @@ from ._common import (
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update, shift_top_reference
 from .configs import assign_config, settle_config
-from .lloyd import ReplayedEngine, device_tol, launch_key, record_pass
+from .lloyd import ReplayedEngine, device_tol, launch_key
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -571,11 +571,11 @@ class BoundsEngine(ReplayedEngine):
           zero=(self.record,), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
           control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device, moves=True)
         self._finish(self.control, p.move_sums, p.move_counts)
-        record_pass(self.record, self.stats_prev, self.log, self.control)
+        self.stats_prev.copy_(self.stats[0])
 
     def _settle_passes_run(self, passes: int) -> None:
         """``passes`` settle passes without a host sync, each record into ``log``."""
-        self._run_passes(passes)
+        self._run_passes(passes, self.record)
         # Later settle passes run in blocks (``run_block``), where asked for.
         self.block = self.block_size
 
