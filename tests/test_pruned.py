@@ -145,13 +145,38 @@ def test_pure_torch_engine_runs_dense_and_says_so(monkeypatch, caplog):
     _same_fit(got, torchkm.fit(x, 4, random_state=0))
 
 
-def test_small_d_pruned_runs_dense(kernels, caplog):
-    x = _seed000(200, 3, 4, 0.05, 0)
-    with caplog.at_level(logging.INFO, logger="torchkm"):
-        got = torchkm.fit(x, 4, random_state=0, algorithm="pruned")
-    assert {h.kernel for h in got.history} == {"lloyd"} and "d > 8" in caplog.text
-    tri = torchkm.fit(x, 4, random_state=0, algorithm="triangle")  # the scan serves any d
-    _same_fit(tri, got)
+@pytest.mark.parametrize("d,seed,sigma2", [(1, 0, 0.05), (2, 1, 0.0125), (2, 2, 0.3), (3, 3, 0.05), (5, 4, 0.05),
+                                           (8, 5, 0.0125)])
+def test_small_d_pruned_runs_the_box_engine_and_equals_dense(kernels, monkeypatch, d, seed, sigma2):
+    x = _seed000(400, d, 12, sigma2, seed)
+    kw = {"init": "random", "random_state": seed, "max_iter": 15, "tol": 0.0}
+    ref = torchkm.fit(x, 12, **kw)
+    # Tiles of 16 rows, all walked by one program: several tiles per program, the last one short.
+    monkeypatch.setenv("TORCHKM_BOX_CONFIG", "16,1")
+    got = torchkm.fit(x, 12, algorithm="pruned", **kw)
+    _same_fit(got, ref)
+    assert {h.kernel for h in got.history} == {"pruned"}
+    # Tiles of sorted rows search few of the 12 centroids on clustered data.
+    assert all(0.0 <= h.skipped == h.skipped_bound < 1.0 and h.imbalance == 0.0 for h in got.history)
+    if sigma2 <= 0.05 and d <= 2:
+        assert got.history[-1].skipped > 0.25
+    if d == 3:
+        _same_fit(torchkm.fit(x, 12, algorithm="triangle", **kw), ref)  # the scan serves any d
+
+
+def test_small_d_pruned_with_weights_cosine_duplicates_and_an_empty_cluster(kernels):
+    x = _seed000(300, 3, 6, 0.02, 5) + 50.0
+    w = torch.rand(300, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    for metric in ("euclidean", "cosine"):
+        kw = {"init": "k-means++", "random_state": 3, "max_iter": 30, "metric": metric, "sample_weight": w}
+        _same_fit(torchkm.fit(x, 6, algorithm="pruned", **kw), torchkm.fit(x, 6, **kw))
+    x = _seed000(200, 2, 5, 0.01, 4)
+    x[50:120] = x[0]
+    init = torch.cat([x[:4], torch.full((1, 2), 40.0, device=DEVICE)])  # the last centroid gets no rows
+    kw = {"init": init, "max_iter": 20, "tol": 0.0}
+    got = torchkm.fit(x, 5, algorithm="pruned", **kw)
+    _same_fit(got, torchkm.fit(x, 5, **kw))
+    assert got.history[0].empty_clusters == 1
 
 
 def test_bad_algorithm_and_conflicts():

@@ -332,9 +332,9 @@ def lloyd(
     when a cluster went empty.
 
     ``algorithm``: ``"pruned"`` and ``"triangle"`` run the engines of ``torchkm._kernels.prune``
-    (labels equal the dense exact pass's), ``"auto"`` the hybrid (:class:`_Hybrid`). They need the
-    kernels; on the pure-torch engine (and for ``"pruned"`` with d <= 8) the dense loop runs and the
-    history says so (``kernel="lloyd"``).
+    (``"pruned"`` with d <= 8: ``torchkm._kernels.boxes``; labels equal the dense exact pass's),
+    ``"auto"`` the hybrid (:class:`_Hybrid`). They need the kernels; on the pure-torch engine the
+    dense loop runs and the history says so (``kernel="lloyd"``).
 
     ``comm``: the rows are this rank's shard of a data-parallel fit; sums, weights and statistics
     are all-reduced every iteration, so all ranks take the same steps and hold the same centroids.
@@ -358,8 +358,6 @@ def lloyd(
             algorithm)
     elif algorithm != "lloyd" and comm.active:
         say("algorithm=%r runs on one process; running dense Lloyd on every rank", algorithm)
-    elif algorithm == "pruned" and not _ops.bounds_supported(data):
-        logger.info("algorithm='pruned' needs d > 8 (the exact tensor-core pass); running dense Lloyd")
     elif algorithm == "auto":
         hybrid = _Hybrid(data, c.shape[0])
     else:
@@ -410,7 +408,8 @@ def lloyd(
         switch_to = None
         for row, ((inertia_f, shift_f, changed_f, empty_f), info) in enumerate(zip(rows, infos)):
             if engine is not None:
-                labels, sums, counts, old_c, new_c = engine.labels, engine.sums, engine.counts, engine.c_old, engine.c
+                # (The box engine writes its labels into the caller's order when they are read.)
+                labels, sums, counts, old_c, new_c = None, engine.sums, engine.counts, engine.c_old, engine.c
                 sq = None
             else:
                 labels, sums, counts, old_c, sq = step.labels, step.sums, step.counts, c, step.sq_distances
@@ -419,7 +418,8 @@ def lloyd(
             block_ends = engine is not None and (n_empty > 0 or changed_f == 0 or shift_f <= engine.tol_device)
             if n_empty:
                 sq = sq if sq is not None else _ops.assign(data, old_c)[1]
-                _relocate_empty(data, labels, sq, sums, counts, counts <= 0, sample_weight, comm)
+                _relocate_empty(data, engine.labels if labels is None else labels, sq, sums, counts, counts <= 0,
+                                sample_weight, comm)
                 relocated = new_centroids(sums, counts, old_c, data.normalize)
                 shift_f = float(((relocated - old_c) ** 2).sum())
                 new_c = new_c.copy_(relocated) if engine is not None else relocated
@@ -436,7 +436,7 @@ def lloyd(
                 switch_to = hybrid.after(stats, *timings[row]) or switch_to
             if on_iteration is not None:
                 on_iteration(stats)
-            if prev_labels is not None and stats.labels_changed == 0 and n_empty == 0:
+            if it > 1 and stats.labels_changed == 0 and n_empty == 0:
                 # The centroids are the means of unchanged clusters, so the labels and inertia stand.
                 strict = converged = True
             elif shift_f <= tol:
@@ -456,8 +456,7 @@ def lloyd(
         # The engine's buffers are reused by its replays: hand out copies.
         c = c.clone()
     if strict:
-        assert labels is not None
-        labels = labels.long()
+        labels = (engine.labels if labels is None else labels).long()
         inertia = inertia_f
     else:
         labels, sq = _ops.assign(data, c)

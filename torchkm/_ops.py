@@ -234,7 +234,8 @@ def pruned_engine(
     """A pruned Lloyd engine of ``torchkm._kernels.prune``: ``kind="pruned"`` the bounds engine
     (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph, in
     blocks of ``block`` passes; ``timed``: each pass's time in ``pass_seconds``), ``"triangle"``
-    seed 000's scan with workload reordering."""
+    seed 000's scan with workload reordering. For d <= 8, ``"pruned"`` is the box engine of
+    ``torchkm._kernels.boxes`` (rows sorted along a curve, each tile searched over its candidates)."""
     from ._kernels.prune import BoundsEngine, TriangleEngine
 
     inputs = _kernel_inputs(data)
@@ -242,6 +243,10 @@ def pruned_engine(
               "normalize": data.normalize, "tol": tol}
     if kind == "triangle":
         return TriangleEngine(data.x, centroids, labels, **common)
+    if not bounds_supported(data):
+        from ._kernels.boxes import BoxEngine
+
+        return BoxEngine(data.x, centroids, labels, graphs=graphs, block=block, timed=timed, **common)
     return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, block=block, timed=timed,
                         **common)
 

@@ -1,0 +1,548 @@
+"""Lloyd iterations for rows of at most 8 features that search each tile of rows over a short list.
+
+The dense small-d pass (``assign._assign_small_d_kernel``) computes every (row, centroid) distance
+on the CUDA cores: at 100M x 2, k = 32 it issues about 15 instructions per pair and cannot go
+below about 1.4 ms a pass on an H200 (BENCHMARKS.md, kernels v22). Low-dimensional rows allow far
+less. ``BoxEngine`` sorts the rows once per fit along a Z-order (Morton) curve over their bounding
+box, so that a tile of ``BLOCK_N`` consecutive sorted rows lies in a small box. Before each pass,
+``_candidates_kernel`` lists for every tile the centroids that can be nearest to some point of its
+box: centroid j is left out when its nearest point of the box is farther, by more than the
+rounding of an fp32 distance, than the farthest point of the box from some other centroid (then
+every row of the tile is strictly nearer to that other centroid, in fp32 as in exact arithmetic).
+``_box_pass_kernel`` then searches each tile's rows over its list only, in increasing centroid
+order with the dense pass's distance arithmetic, so ties go to the lowest index and the labels
+are the dense small-d pass's; the rows of a tile that share a label are summed together.
+
+The engine keeps a float32 copy of the transformed rows in curve order (``n * d * 4`` bytes, at
+most 32 per row) and the order itself; labels stay in curve order inside, and ``labels`` gives
+them in the caller's order.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import launcher, transform_rows, unused
+from .centroids import block_frozen, finish_update
+from .lloyd import ReplayedEngine, device_tol, launch_key
+from .prune import PassInfo, distance_margin
+
+__all__ = ["BoxEngine", "box_launch", "candidates", "candidates_reference", "curve_keys", "curve_keys_reference",
+           "box_pass", "tile_boxes"]
+
+MAX_D = 8
+# Candidate slots per tile: a tile with more candidates searches every centroid.
+MAX_CANDIDATES = 8
+# Bits of the curve key (an int32 that stays non-negative).
+KEY_BITS = 30
+
+
+def key_bits_per_feature(d: int) -> int:
+    return KEY_BITS // d
+
+
+# ----------------------------------------------------------------------------------------------
+# Curve order (once per fit).
+
+
+@triton.jit
+def _curve_keys_kernel(x_ptr, offset_ptr, scale_ptr, lo_ptr, inv_ptr, keys_ptr, n, d, stride_xn, stride_xd,
+                       BLOCK: tl.constexpr, DP: tl.constexpr, BITS: tl.constexpr,
+                       HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row_mask = rows < n
+    dims = tl.arange(0, DP)
+    dim_mask = dims < d
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0)
+    else:
+        scale = tl.full((BLOCK,), 1.0, tl.float32)
+    xr = transform_rows(
+        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
+    lo = tl.load(lo_ptr + dims, mask=dim_mask, other=0.0)
+    inv = tl.load(inv_ptr + dims, mask=dim_mask, other=0.0)
+    cells = tl.minimum(tl.maximum((xr - lo[None, :]) * inv[None, :], 0.0), (1 << BITS) - 1.0).to(tl.int32)
+    cells = tl.where(dim_mask[None, :], cells, 0)
+    key = tl.zeros((BLOCK,), tl.int32)
+    for b in tl.static_range(BITS):
+        # Bit b of feature i goes to bit b * d + i (features past d hold 0 and shift by 0).
+        at = tl.where(dim_mask, b * d + dims, 0)
+        key = key | tl.sum(((cells >> b) & 1) << at[None, :], axis=1)
+    tl.store(keys_ptr + rows, key, mask=row_mask)
+
+
+def _key_grid(x: torch.Tensor, offset: torch.Tensor | None, row_scale: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, inv)`` of the key grid: the transformed rows' lower corner and cells per unit, per
+    feature. Only the order depends on it (any grid gives correct labels)."""
+    d = x.shape[1]
+    if row_scale is not None:  # normalised rows lie in [-1, 1]
+        lo = torch.full((d,), -1.0, device=x.device)
+        hi = torch.full((d,), 1.0, device=x.device)
+    else:
+        lo, hi = (v.float() for v in torch.aminmax(x, dim=0))
+        if offset is not None:
+            lo, hi = lo - offset, hi - offset
+    span = hi - lo
+    top = float(2 ** key_bits_per_feature(d) - 1)
+    inv = torch.where(span > 0, top / torch.where(span > 0, span, 1.0), 0.0)
+    return lo.contiguous(), inv.contiguous()
+
+
+def curve_keys(x: torch.Tensor, offset: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
+               lo: torch.Tensor | None = None, inv: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 Z-order keys of the transformed rows ``(x - offset) * row_scale`` (d <= 8) on a grid
+    of ``2^(30 // d)`` cells per feature over their bounding box (or ``lo``/``inv``, see ``_key_grid``)."""
+    n, d = x.shape
+    if not 1 <= d <= MAX_D:
+        raise ValueError(f"curve keys are for 1 to {MAX_D} features, got {d}")
+    if lo is None or inv is None:
+        lo, inv = _key_grid(x, offset, row_scale)
+    keys = torch.empty(n, dtype=torch.int32, device=x.device)
+    if n == 0:
+        return keys
+    block = 256
+    launcher(_curve_keys_kernel)[(triton.cdiv(n, block),)](
+        x, unused(x.device) if offset is None else offset, unused(x.device) if row_scale is None else row_scale,
+        lo, inv, keys, n, d, x.stride(0), x.stride(1),
+        BLOCK=block, DP=triton.next_power_of_2(d), BITS=key_bits_per_feature(d),
+        HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
+    )
+    return keys
+
+
+def curve_keys_reference(x_t: torch.Tensor, lo: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """Pure-torch ``curve_keys`` of already transformed float32 rows."""
+    d = x_t.shape[1]
+    bits = key_bits_per_feature(d)
+    cells = ((x_t - lo) * inv).clamp(0, 2**bits - 1).to(torch.int64)
+    key = torch.zeros(x_t.shape[0], dtype=torch.int64, device=x_t.device)
+    for b in range(bits):
+        for i in range(d):
+            key |= ((cells[:, i] >> b) & 1) << (b * d + i)
+    return key.to(torch.int32)
+
+
+def tile_boxes(rows: torch.Tensor, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)`` (tiles, d): each feature's least and greatest value over each tile of
+    ``block_n`` consecutive rows (the last tile may be short)."""
+    n, d = rows.shape
+    tiles = triton.cdiv(n, block_n)
+    lo = torch.empty(tiles, d, dtype=torch.float32, device=rows.device)
+    hi = torch.empty_like(lo)
+    whole = n // block_n
+    if whole:
+        lo[:whole], hi[:whole] = torch.aminmax(rows[: whole * block_n].view(whole, block_n, d), dim=1)
+    if whole < tiles:
+        lo[whole], hi[whole] = torch.aminmax(rows[whole * block_n:], dim=0)
+    return lo, hi
+
+
+# ----------------------------------------------------------------------------------------------
+# Candidate lists (every pass).
+
+
+@triton.jit
+def _box_distances(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, col_mask, d, TB: tl.constexpr, KC: tl.constexpr):
+    """Squared distances from each tile's box to each centroid: (nearest point, farthest point),
+    (TB x KC) each. A padded centroid is at +inf from everything."""
+    near = tl.zeros((TB, KC), tl.float32)
+    far = tl.zeros((TB, KC), tl.float32)
+    for i in range(d):
+        lo = tl.load(lo_ptr + tiles * d + i, mask=tile_mask, other=0.0)
+        hi = tl.load(hi_ptr + tiles * d + i, mask=tile_mask, other=0.0)
+        c = tl.load(c_ptr + cols * d + i, mask=col_mask, other=0.0)
+        below = lo[:, None] - c[None, :]
+        above = c[None, :] - hi[:, None]
+        gap = tl.maximum(tl.maximum(below, above), 0.0)
+        near += gap * gap
+        span = tl.maximum(tl.abs(below), tl.abs(hi[:, None] - c[None, :]))
+        far += span * span
+    inf = float("inf")
+    return tl.where(col_mask[None, :], near, inf), tl.where(col_mask[None, :], far, inf)
+
+
+@triton.jit(do_not_specialize=["k", "n_tiles"])
+def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, searched_ptr, overflow_ptr, control_ptr,
+                       stats_prev_ptr, tol,
+                       n_tiles, k, d, margin,
+                       TB: tl.constexpr, KC: tl.constexpr, MAXC: tl.constexpr, HAS_CONTROL: tl.constexpr):
+    go = True
+    if HAS_CONTROL:
+        # The first launch of a replayed iteration decides whether it is frozen (as prepare_centroids
+        # does for the dense engine). Every program computes the same flag from the same inputs, and
+        # the flag only ever goes from 0 to 1, so the programs reading control[0] while program 0
+        # writes it agree.
+        frozen = block_frozen(control_ptr, stats_prev_ptr, 0, tol, True)
+        if tl.program_id(0) == 0:
+            tl.store(control_ptr, frozen.to(tl.int32))
+        go = frozen == 0
+    if go:
+        tiles = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)
+        tile_mask = tiles < n_tiles
+        chunk = tl.arange(0, KC)
+        reach = tl.full((TB,), float("inf"), tl.float32)
+        for j0 in range(0, k, KC):
+            cols = j0 + chunk
+            _, far = _box_distances(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC)
+            reach = tl.minimum(reach, tl.min(far, axis=1))
+        # Every row of the tile is within ``reach`` of some centroid: a centroid whose box distance
+        # exceeds it (with room for fp32 rounding of both sides) is nearest to none of them.
+        limit = reach * (1.0 + margin) + 1e-30
+        count = tl.zeros((TB,), tl.int32)
+        for j0 in range(0, k, KC):
+            cols = j0 + chunk
+            near, _ = _box_distances(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC)
+            take = (near <= limit[:, None]) & tile_mask[:, None]
+            slot = count[:, None] + tl.cumsum(take.to(tl.int32), axis=1) - 1
+            tl.store(cand_ptr + tiles[:, None] * MAXC + slot, cols[None, :], mask=take & (slot < MAXC))
+            count += tl.sum(take.to(tl.int32), axis=1)
+        tl.store(count_ptr + tiles, count, mask=tile_mask)
+        # Centroids each tile will search: its list, or all k past the slots.
+        searched = tl.where(tile_mask, tl.where(count <= MAXC, count, k), 0)
+        tl.atomic_add(searched_ptr, tl.sum(searched, axis=0), sem="relaxed")
+        tl.atomic_add(overflow_ptr, tl.sum((tile_mask & (count > MAXC)).to(tl.int32), axis=0), sem="relaxed")
+
+
+def candidates(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor, cand: torch.Tensor, count: torch.Tensor,
+               tallies: tuple[torch.Tensor, torch.Tensor], *, control: torch.Tensor | None = None, stats_prev: torch.Tensor | None = None,
+               tol: float = 0.0) -> None:
+    """Each tile's candidate centroids into ``cand`` (tiles, MAX_CANDIDATES) int32, in increasing
+    order, and their number into ``count`` (tiles,) int32 (past MAX_CANDIDATES the list is cut and
+    the tile searches every centroid); ``tallies``: two int32 counters (zero on entry), plus the
+    centroids the tiles will search and the tiles past the slots. ``control``/``stats_prev``: a replayed block's iteration
+    (see ``prepare_centroids``), which this launch freezes or not."""
+    tiles, d = lo.shape
+    k = c.shape[0]
+    if tiles == 0:
+        return
+    tb = 32
+    kc = min(32, max(16, triton.next_power_of_2(k)))
+    device = c.device
+    launcher(_candidates_kernel)[(triton.cdiv(tiles, tb),)](
+        lo, hi, c, cand, count, *tallies, unused(device, torch.int32) if control is None else control,
+        unused(device, torch.float64) if stats_prev is None else stats_prev, tol,
+        tiles, k, d, distance_margin(d),
+        TB=tb, KC=kc, MAXC=cand.shape[1], HAS_CONTROL=control is not None,
+    )
+
+
+def candidates_reference(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Pure-torch candidate test: a (tiles, k) bool mask, with the kernel's margins."""
+    margin = distance_margin(c.shape[1])
+    below = lo[:, None, :] - c[None, :, :]
+    above = c[None, :, :] - hi[:, None, :]
+    near = (torch.maximum(below, above).clamp_min(0) ** 2).sum(2)
+    far = (torch.maximum(below.abs(), (hi[:, None, :] - c[None, :, :]).abs()) ** 2).sum(2)
+    reach = far.min(1).values
+    return near <= (reach * (1 + margin) + 1e-30)[:, None]
+
+
+# ----------------------------------------------------------------------------------------------
+# The pass.
+
+
+@triton.jit
+def _tile_distances(xr, c_ptr, j, d, dims, dim_mask, DP: tl.constexpr):
+    """fp32 squared distances of the tile's rows to centroid ``j``, in the dense small-d pass's
+    arithmetic: one feature after another up to 4 features, a sum over the padded row beyond."""
+    if DP == 1:
+        diff = tl.sum(xr, axis=1) - tl.load(c_ptr + j * d)
+        dist = diff * diff
+    elif DP == 2:
+        x0, x1 = tl.split(xr)
+        diff = x0 - tl.load(c_ptr + j * d)
+        dist = diff * diff
+        diff = x1 - tl.load(c_ptr + j * d + 1)
+        dist += diff * diff
+    elif DP == 4:
+        even, odd = tl.split(tl.reshape(xr, (xr.shape[0], 2, 2)))
+        x0, x2 = tl.split(even)
+        x1, x3 = tl.split(odd)
+        diff = x0 - tl.load(c_ptr + j * d)
+        dist = diff * diff
+        diff = x1 - tl.load(c_ptr + j * d + 1)
+        dist += diff * diff
+        diff = x2 - tl.load(c_ptr + j * d + 2)
+        dist += diff * diff
+        diff = x3 - tl.load(c_ptr + j * d + 3, mask=d > 3, other=0.0)
+        dist += diff * diff
+    else:
+        cj = tl.load(c_ptr + j * d + dims, mask=dim_mask, other=0.0)
+        diff = xr - cj[None, :]
+        dist = tl.sum(diff * diff, axis=1)
+    return dist
+
+
+@triton.jit(do_not_specialize=["n", "k", "n_tiles", "tiles_per_program"])
+def _box_pass_kernel(
+    x_ptr, w_ptr, c_ptr, cand_ptr, count_ptr, labels_ptr, acc_ptr, part_inertia_ptr, part_changed_ptr, control_ptr,
+    n, k, d, n_tiles, tiles_per_program,
+    BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, MAXC: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_PREV: tl.constexpr, HAS_CONTROL: tl.constexpr, REG_SUMS: tl.constexpr,
+):
+    """Program ``p`` of ``G`` walks tiles ``p, p + G, ...``; step t loads tile t (rows, weights,
+    previous labels, its count and first candidate) and searches tile t - 1, so the loads are in
+    flight during a search (as in the dense small-d pass). ``x`` is the contiguous float32
+    transformed rows in curve order, ``labels`` int32 in the same order (previous labels on entry
+    with ``HAS_PREV``). ``REG_SUMS`` (k <= KP): per-cluster sums kept in registers and added once
+    per program; otherwise atomics per tile and candidate."""
+    go = True
+    if HAS_CONTROL:
+        go = tl.load(control_ptr) == 0
+    if go:
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        dims = tl.arange(0, DP)
+        dim_mask = dims < d
+        sums_ptr = acc_ptr
+        counts_ptr = acc_ptr + k * d
+        k_rows = tl.arange(0, KP)
+        if REG_SUMS:
+            acc_x = tl.zeros((KP, DP), tl.float32)
+            acc_w = tl.zeros((KP,), tl.float32)
+        inertia_rows = tl.zeros((BLOCK_N,), tl.float32)
+        changed_rows = tl.zeros((BLOCK_N,), tl.int32)
+        x_next = tl.zeros((BLOCK_N, DP), tl.float32)
+        w_next = tl.zeros((BLOCK_N,), tl.float32)
+        prev_next = tl.zeros((BLOCK_N,), tl.int32)
+        count_next = pid * 0
+        first_next = pid * 0
+        for t in range(tiles_per_program + 1):
+            tile = (pid + t * programs).to(tl.int64)
+            rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_mask = rows < n
+            x_tile = x_next
+            w = w_next
+            prev = prev_next
+            count = count_next
+            first = first_next
+            x_next = tl.load(x_ptr + rows[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
+                             other=0.0)
+            if HAS_WEIGHT:
+                w_next = tl.load(w_ptr + rows, mask=row_mask, other=0.0)
+            else:
+                w_next = row_mask.to(tl.float32)
+            if HAS_PREV:
+                prev_next = tl.load(labels_ptr + rows, mask=row_mask, other=0)
+            count_next = tl.load(count_ptr + tile, mask=tile < n_tiles, other=0)
+            first_next = tl.load(cand_ptr + tile * MAXC, mask=tile < n_tiles, other=0)
+            if t > 0:
+                tile = tile - programs
+                rows = rows - programs * BLOCK_N
+                row_mask = (rows >= 0) & (rows < n)
+                listed = count <= MAXC
+                steps = tl.where(listed, count, k)
+                best = tl.full((BLOCK_N,), float("inf"), tl.float32)
+                label = tl.zeros((BLOCK_N,), tl.int32)
+                # Candidates in increasing index, strict comparison: ties keep the lowest index.
+                for s in range(steps):
+                    if listed:
+                        j = first
+                        if s > 0:
+                            j = tl.load(cand_ptr + tile * MAXC + s)
+                    else:
+                        j = s
+                    dist = _tile_distances(x_tile, c_ptr, j, d, dims, dim_mask, DP)
+                    better = dist < best
+                    best = tl.where(better, dist, best)
+                    label = tl.where(better, j, label)
+                if HAS_PREV:
+                    changed_rows += (row_mask & (prev != label)).to(tl.int32)
+                else:
+                    changed_rows += row_mask.to(tl.int32)
+                tl.store(labels_ptr + rows, label, mask=row_mask)
+                inertia_rows += tl.where(row_mask, best, 0.0) * w  # a tile past the last has no candidates: inf
+                xw = x_tile * w[:, None]
+                if listed:
+                    # The rows of each candidate's cluster, summed across the tile.
+                    for s in range(steps):
+                        j = first
+                        if s > 0:
+                            j = tl.load(cand_ptr + tile * MAXC + s)
+                        hit = label == j
+                        part_x = tl.sum(tl.where(hit[:, None], xw, 0.0), axis=0)
+                        part_w = tl.sum(tl.where(hit, w, 0.0), axis=0)
+                        if REG_SUMS:
+                            acc_x += tl.where((k_rows == j)[:, None], part_x[None, :], 0.0)
+                            acc_w += tl.where(k_rows == j, part_w, 0.0)
+                        else:
+                            tl.atomic_add(sums_ptr + j * d + dims, part_x, mask=dim_mask, sem="relaxed")
+                            tl.atomic_add(counts_ptr + j, part_w, sem="relaxed")
+                else:
+                    # A tile near many centroids: one atomic per row and feature.
+                    label64 = label.to(tl.int64)
+                    tl.atomic_add(sums_ptr + label64[:, None] * d + dims[None, :], xw,
+                                  mask=row_mask[:, None] & dim_mask[None, :], sem="relaxed")
+                    tl.atomic_add(counts_ptr + label64, w, mask=row_mask, sem="relaxed")
+        tl.store(part_changed_ptr + pid, tl.sum(changed_rows.to(tl.int64), axis=0))
+        tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
+        if REG_SUMS:
+            live = k_rows < k
+            tl.atomic_add(sums_ptr + k_rows[:, None] * d + dims[None, :], acc_x, mask=live[:, None] & dim_mask[None, :],
+                          sem="relaxed")
+            tl.atomic_add(counts_ptr + k_rows, acc_w, mask=live, sem="relaxed")
+
+
+REG_SUMS_MAX_K = 64
+
+
+def box_launch(n: int, device: torch.device) -> tuple[int, int, int]:
+    """(rows per tile, programs, tiles per program) of the pass. ``TORCHKM_BOX_CONFIG``
+    (``BLOCK_N,programs per SM``) overrides it for experiments."""
+    block_n, per_sm = 128, 8
+    spec = os.environ.get("TORCHKM_BOX_CONFIG")
+    if spec:
+        block_n, per_sm = (int(v) for v in spec.split(","))
+    n_tiles = triton.cdiv(n, block_n)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    tiles_per_program = max(1, triton.cdiv(n_tiles, per_sm * sms))
+    return block_n, triton.cdiv(n_tiles, tiles_per_program), tiles_per_program
+
+
+def box_pass(x_sorted: torch.Tensor, c: torch.Tensor, cand: torch.Tensor, count: torch.Tensor, labels: torch.Tensor,
+             acc: torch.Tensor, part_inertia: torch.Tensor, part_changed: torch.Tensor, *, block_n: int,
+             tiles_per_program: int, sample_weight: torch.Tensor | None = None, has_prev: bool = True,
+             control: torch.Tensor | None = None) -> None:
+    """One pass over the sorted rows: ``labels`` (int32, previous labels on entry with ``has_prev``)
+    rewritten, the per-cluster sums and weights added into ``acc`` (k * d sums, then k weights;
+    float32, zero on entry), each program's inertia and changed-label count into ``part_inertia``
+    and ``part_changed`` (one per program: the grid is their length)."""
+    n, d = x_sorted.shape
+    k = c.shape[0]
+    programs = part_inertia.numel()
+    if n == 0 or programs == 0:
+        return
+    device = x_sorted.device
+    kp = max(2, triton.next_power_of_2(k))
+    launcher(_box_pass_kernel)[(programs,)](
+        x_sorted, unused(device) if sample_weight is None else sample_weight, c, cand, count, labels, acc,
+        part_inertia, part_changed, unused(device, torch.int32) if control is None else control,
+        n, k, d, count.numel(), tiles_per_program,
+        BLOCK_N=block_n, DP=triton.next_power_of_2(d), KP=kp if k <= REG_SUMS_MAX_K else 2, MAXC=cand.shape[1],
+        HAS_WEIGHT=sample_weight is not None, HAS_PREV=has_prev, HAS_CONTROL=control is not None,
+        REG_SUMS=k <= REG_SUMS_MAX_K, num_warps=4,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine.
+
+
+class BoxEngine(ReplayedEngine):
+    """Lloyd iterations on rows of at most 8 features, each tile of curve-sorted rows searched over
+    its candidate list (module docstring). The interface of ``lloyd.LloydEngine``; ``labels`` is
+    the caller's buffer, written in the caller's row order when read (``labels`` property)."""
+
+    kernel = "pruned"
+
+    def __init__(
+        self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
+        row_scale: torch.Tensor | None, sample_weight: torch.Tensor | None, normalize: bool, tol: float,
+        graphs: bool = False, block: int = 1, timed: bool = False,
+    ):
+        n, d = x.shape
+        k = centroids.shape[0]
+        if not 1 <= d <= MAX_D:
+            raise ValueError(f"the box engine serves 1 to {MAX_D} features, got d={d}")
+        device = x.device
+        self.block = self.block_size = max(1, block)
+        self.normalize = normalize
+        self.tol_device = device_tol(tol)
+        self._labels_out = labels
+        # Once per fit: the rows, transformed as the kernels see them, in curve order.
+        order = torch.argsort(curve_keys(x, offset, row_scale))
+        rows = x.index_select(0, order).to(torch.float32)
+        if offset is not None:
+            rows.sub_(offset)
+        if row_scale is not None:
+            rows.mul_(row_scale.index_select(0, order)[:, None])
+        self.x_sorted = rows
+        self.order = order.to(torch.int32) if n < 2**31 else order
+        self.weight = None if sample_weight is None else sample_weight.index_select(0, order).to(torch.float32)
+        self.block_n, programs, self.tiles_per_program = box_launch(n, device)
+        self.lo, self.hi = tile_boxes(rows, self.block_n)
+        n_tiles = self.lo.shape[0]
+        self.cand = torch.zeros(n_tiles, MAX_CANDIDATES, dtype=torch.int32, device=device)
+        self.count = torch.zeros(n_tiles, dtype=torch.int32, device=device)
+        self.sorted_labels = torch.zeros(n, dtype=torch.int32, device=device)
+        self.c = centroids.to(torch.float32).contiguous().clone()
+        self.c_old = torch.empty_like(self.c)
+        self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
+        self.counts = torch.empty(k, dtype=torch.float32, device=device)
+        self.acc = torch.zeros(k * d + k, dtype=torch.float32, device=device)
+        self.part_inertia = torch.zeros(programs, dtype=torch.float32, device=device)
+        self.part_changed = torch.zeros(programs, dtype=torch.int64, device=device)
+        self.tallies = (torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device))
+        # A pass's record: [inertia, shift, changed, empty], centroids searched, tiles past the slots.
+        self.record = torch.zeros(6, dtype=torch.float64, device=device)
+        self.stats = self.record[:4]
+        self.info: PassInfo | None = None
+        self.infos: list[PassInfo] = []
+        self._init_passes(self._block_pass, device, graphs, timed, self.block_size, self.record.numel(),
+                          launch_key("boxes", k, {"x": self.x_sorted, "weight": self.weight}, normalize=normalize))
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """The labels of the last pass in the caller's row order (int32, the caller's buffer)."""
+        self._labels_out.index_copy_(0, self.order.long(), self.sorted_labels.to(self._labels_out.dtype))
+        return self._labels_out
+
+    def _pass(self, has_prev: bool, in_block: bool) -> None:
+        control = self.control if in_block else None
+        self.acc.zero_()
+        self.record.zero_()
+        for tally in self.tallies:
+            tally.zero_()
+        candidates(self.lo, self.hi, self.c, self.cand, self.count, self.tallies, control=control,
+                   stats_prev=self.stats_prev if in_block else None, tol=self.tol_device)
+        box_pass(self.x_sorted, self.c, self.cand, self.count, self.sorted_labels, self.acc, self.part_inertia,
+                 self.part_changed, block_n=self.block_n, tiles_per_program=self.tiles_per_program,
+                 sample_weight=self.weight, has_prev=has_prev, control=control)
+        k, d = self.c.shape
+        finish_update(self.acc[: k * d].view(1, k, d), self.acc[k * d:].view(1, k), self.c, self.part_inertia,
+                      self.part_changed, self.record, normalize=self.normalize, old_centroids=self.c_old,
+                      sums=self.sums, counts=self.counts, control=control, tallies=self.tallies)
+
+    def _block_pass(self) -> None:
+        self._pass(True, in_block=True)
+        self.stats_prev.copy_(self.stats)
+
+    def iterate(self, has_prev: bool) -> None:
+        """One pass, its statistics the first row of the next ``read``; without ``has_prev`` the
+        first of a run (no previous labels)."""
+        if has_prev:
+            self.run_block(1)
+            return
+        self._passes.begin(single="initial")
+        self._pass(False, in_block=False)
+        self.log[0].copy_(self.record)
+
+    def run_block(self, iterations: int) -> None:
+        """Up to ``iterations`` (<= ``block_size``) passes with no host sync: a pass after one that
+        met a stopping rule, or left a cluster empty, does nothing."""
+        self._run_passes(iterations, self.record)
+
+    def centroids_changed(self) -> None:
+        """The centroids changed outside the passes (empty-cluster relocation): nothing is kept
+        from one pass to the next but the labels, so nothing to do."""
+
+    def read(self, rows: int) -> list[list[float]]:
+        """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
+        ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
+        values = self.log[:rows].tolist()
+        self._read_passes(rows)
+        n, k = self.x_sorted.shape[0], self.c.shape[0]
+        self.infos = []
+        for row in values:
+            # Every row of a tile computes the tile's candidates: work spent is work needed here.
+            searched = min(float(n) * k, row[4] * self.block_n)
+            self.infos.append(PassInfo(self.kernel, searched, searched, n, k))
+        self.info = self.infos[-1] if self.infos else None
+        return [row[:4] for row in values]
+
