@@ -83,13 +83,14 @@ class Compiler:
 common.launcher = lambda fn: Compiler(fn)
 # Imported after the patch above, so that every launcher the modules build compiles instead.
 import torchkm._kernels.assign as A  # noqa: E402
+import torchkm._kernels.boxes as B  # noqa: E402
 import torchkm._kernels.centroids as C  # noqa: E402
 import torchkm._kernels.distances as D  # noqa: E402
 import torchkm._kernels.online as O  # noqa: E402
 import torchkm._kernels.quantize as Q  # noqa: E402
 import torchkm._kernels.update as U  # noqa: E402
 
-A.launcher = U.launcher = D.launcher = C.launcher = O.launcher = Q.launcher = common.launcher
+A.launcher = B.launcher = U.launcher = D.launcher = C.launcher = O.launcher = Q.launcher = common.launcher
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
@@ -139,6 +140,17 @@ def main():
                 compile_assign(n, d, k, dt, prec, A.assign_config(n, k, d, dt, prec))
     del os.environ["TORCHKM_HOPPER_SEARCH"], os.environ["TORCHKM_HOPPER_PACKED"]
     D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))
+    # The box engine (algorithm="pruned" at d <= 8): 2 stand-in rows, 2 tiles.
+    for d, k in ((1, 32), (2, 32), (3, 100), (8, 7)):
+        B.curve_keys(torch.empty(2, d), torch.zeros(d), lo=torch.zeros(d), inv=torch.ones(d))
+        cand, count = torch.zeros(2, B.MAX_CANDIDATES, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+        tallies = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+        B.candidates(torch.zeros(2, d), torch.zeros(2, d), torch.randn(k, d), cand, count, tallies,
+                     control=torch.zeros(2, dtype=torch.int32), stats_prev=torch.zeros(4, dtype=torch.float64))
+        for weight in (None, torch.ones(2)):
+            B.box_pass(torch.empty(2, d), torch.randn(k, d), cand, count, torch.zeros(2, dtype=torch.int32),
+                       torch.zeros(k * d + k), torch.zeros(3), torch.zeros(3, dtype=torch.int64), block_n=128,
+                       tiles_per_program=7, sample_weight=weight, control=torch.zeros(2, dtype=torch.int32))
     for normalize in (False, True):
         c = torch.randn(7, 33)
         C.finish_update(torch.zeros(2, 7, 33), torch.zeros(2, 7), c, torch.zeros(3), torch.zeros(3, dtype=torch.int64),

@@ -10,7 +10,8 @@
 # dependencies are carried in .whl too). Logs, pictures and JSON go to $OUT.
 # GPU_CHECK_SKIP_TESTS=1 runs the benchmarks only; PYTEST_ARGS picks tests (default: all of tests/,
 # about 9 minutes on an H100: near the tool's 10-minute limit, so split it over calls).
-# "scale" runs bench_scale.py on 1, 2 and 4 GPUs as far as the machine has them (SCALE_ARGS).
+# "scale" runs bench_scale.py on 1, 2 and 4 GPUs as far as the machine has them (SCALE_ARGS);
+# "boxes" scripts/diag_boxes.py (the box engine's pass against the dense one; BOXES_ARGS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -34,6 +35,7 @@ for bench in ${BENCHES:-lloyd vq}; do
   case "$bench" in
     lloyd) python3 benchmarks/bench_lloyd.py --json "$OUT/bench_lloyd.json" "$@" 2>&1 | tee "$OUT/bench_lloyd.log" ;;
     prune) python3 benchmarks/bench_prune.py --json "$OUT/bench_prune.json" ${PRUNE_ARGS:-} 2>&1 | tee "$OUT/bench_prune.log" ;;
+    boxes) python3 scripts/diag_boxes.py --json "$OUT/diag_boxes.json" ${BOXES_ARGS:-} 2>&1 | tee "$OUT/diag_boxes.log" ;;
     scale) bash benchmarks/bench_scale.sh "$OUT" ${SCALE_ARGS:-} 2>&1 | tee "$OUT/bench_scale.log" ;;
     vq)
       python3 benchmarks/bench_vq.py --json "$OUT/bench_vq.json" 2>&1 | tee "$OUT/bench_vq.log"

@@ -29,6 +29,19 @@ def test_bench_lloyd_torchkm_lloyd_on_cpu() -> None:
     assert bench_lloyd.torchkm_lloyd(x, x[:4].clone(), 3, "exact") == 3
 
 
+def test_bench_lloyd_checks_the_box_engine() -> None:
+    """bench_lloyd's check of ``algorithm="pruned"`` at d <= 8 (the box engine's kernels)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    x = torch.randn(300, 2, generator=torch.Generator().manual_seed(0)).to(device)
+    out = bench_lloyd.check_pruned(x, x[:5].clone())
+    assert out["pruned_labels_off_beyond_ties_pct"] == 0.0 and out["pruned_sums_rel_err"] < 1e-5
+    assert out["pruned_counts_abs_err"] == 0.0 and out["pruned_changed_first"] == 300
+
+
 def test_bench_prune_report_prints_both_tables(capsys) -> None:
     entry = {"ms": 1.0, "n_iter": 3, "labels_exact": True, "skipped": 0.5, "skipped_bound": 0.6, "imbalance": 0.1,
              "decomposition_ms": {"ICD": 1.0, "settle pass (bounds)": 3.0}}
