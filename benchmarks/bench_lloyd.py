@@ -33,7 +33,7 @@ import triton
 from torchkm._kernels.assign import assign as kernel_assign
 from triton.testing import do_bench
 
-from torchkm import _loop
+from torchkm import _loop, _ops
 from torchkm._distributed import Comm
 from torchkm._reference import DataView
 
@@ -137,7 +137,7 @@ def torchkm_lloyd(x: torch.Tensor, c0: torch.Tensor, n_iter: int, precision: str
 
 
 def check_pruned(x: torch.Tensor, c: torch.Tensor) -> dict:
-    """The box engine (``algorithm="pruned"``, d <= 8) on its own: its set-up time (curve order,
+    """The box engine (``algorithm="pruned"``, d <= 3) on its own: its set-up time (curve order,
     sorted copy, tile boxes), then one pass into poisoned labels, checked against a float64 argmin
     on sampled rows and its sums against float64 ``index_add_`` of its labels."""
     from torchkm._kernels.boxes import BoxEngine
@@ -363,7 +363,7 @@ def main() -> None:
             # (x and c0 bound as defaults: the loop deletes x to free it before the next workload)
             timings = {"ours_exact": per_iteration(lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "exact"), iters, _loop._GRAPH_BLOCK),
                        "ours_fast": per_iteration(lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "fast"), iters, _loop._GRAPH_BLOCK)}
-            if d <= 8:  # the box engine (algorithm="pruned" at d <= 8)
+            if d <= _ops.BOX_MAX_D:  # the box engine (algorithm="pruned" at small d)
                 row.update(check_pruned(x, c0))
                 timings["ours_pruned"] = per_iteration(
                     lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "exact", "pruned"), iters, _loop._GRAPH_BLOCK)

@@ -1,4 +1,4 @@
-"""The box engine's pass (``algorithm="pruned"`` at d <= 8) against the dense Lloyd engine's, on the GPU.
+"""The box engine's pass (``algorithm="pruned"`` at d <= 3; kernels up to 8) against the dense Lloyd engine's, on the GPU.
 
 For each shape: fresh N(0, 1) rows, centroids from random rows, five passes of each engine from the
 same start, then the GPU time of one more pass of each (20 passes replayed in a CUDA graph), the

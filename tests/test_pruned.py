@@ -145,8 +145,7 @@ def test_pure_torch_engine_runs_dense_and_says_so(monkeypatch, caplog):
     _same_fit(got, torchkm.fit(x, 4, random_state=0))
 
 
-@pytest.mark.parametrize("d,seed,sigma2", [(1, 0, 0.05), (2, 1, 0.0125), (2, 2, 0.3), (3, 3, 0.05), (5, 4, 0.05),
-                                           (8, 5, 0.0125)])
+@pytest.mark.parametrize("d,seed,sigma2", [(1, 0, 0.05), (2, 1, 0.0125), (2, 2, 0.3), (3, 3, 0.05)])
 def test_small_d_pruned_runs_the_box_engine_and_equals_dense(kernels, monkeypatch, d, seed, sigma2):
     x = _seed000(400, d, 12, sigma2, seed)
     kw = {"init": "random", "random_state": seed, "max_iter": 15, "tol": 0.0}
@@ -162,6 +161,14 @@ def test_small_d_pruned_runs_the_box_engine_and_equals_dense(kernels, monkeypatc
         assert got.history[-1].skipped > 0.25
     if d == 3:
         _same_fit(torchkm.fit(x, 12, algorithm="triangle", **kw), ref)  # the scan serves any d
+
+
+def test_pruned_from_4_to_8_features_runs_dense(kernels, caplog):
+    x = _seed000(200, 5, 4, 0.05, 0)
+    with caplog.at_level(logging.INFO, logger="torchkm"):
+        got = torchkm.fit(x, 4, random_state=0, algorithm="pruned")
+    assert {h.kernel for h in got.history} == {"lloyd"} and "d <= 3" in caplog.text
+    _same_fit(got, torchkm.fit(x, 4, random_state=0))
 
 
 def test_small_d_pruned_with_weights_cosine_duplicates_and_an_empty_cluster(kernels):

@@ -332,9 +332,9 @@ def lloyd(
     when a cluster went empty.
 
     ``algorithm``: ``"pruned"`` and ``"triangle"`` run the engines of ``torchkm._kernels.prune``
-    (``"pruned"`` with d <= 8: ``torchkm._kernels.boxes``; labels equal the dense exact pass's),
-    ``"auto"`` the hybrid (:class:`_Hybrid`). They need the kernels; on the pure-torch engine the
-    dense loop runs and the history says so (``kernel="lloyd"``).
+    (``"pruned"`` with d <= 3: ``torchkm._kernels.boxes``; labels equal the dense exact pass's),
+    ``"auto"`` the hybrid (:class:`_Hybrid`). They need the kernels; on the pure-torch engine (and
+    for ``"pruned"`` with 4 <= d <= 8) the dense loop runs and the history says so (``kernel="lloyd"``).
 
     ``comm``: the rows are this rank's shard of a data-parallel fit; sums, weights and statistics
     are all-reduced every iteration, so all ranks take the same steps and hold the same centroids.
@@ -358,6 +358,9 @@ def lloyd(
             algorithm)
     elif algorithm != "lloyd" and comm.active:
         say("algorithm=%r runs on one process; running dense Lloyd on every rank", algorithm)
+    elif algorithm == "pruned" and not _ops.pruned_supported(data):
+        logger.info("algorithm='pruned' needs d > 8 (the bounds engine) or d <= %d (the box engine); running dense "
+                    "Lloyd", _ops.BOX_MAX_D)
     elif algorithm == "auto":
         hybrid = _Hybrid(data, c.shape[0])
     else:

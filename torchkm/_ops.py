@@ -33,6 +33,7 @@ __all__ = [
     "assign_and_ema_update",
     "assign_and_sum",
     "bounds_supported",
+    "pruned_supported",
     "cuda_graphs_enabled",
     "eager_launches",
     "ema_step_fuses",
@@ -234,7 +235,7 @@ def pruned_engine(
     """A pruned Lloyd engine of ``torchkm._kernels.prune``: ``kind="pruned"`` the bounds engine
     (compacted exact tensor-core search; ``graphs``: replay its settle passes as a CUDA graph, in
     blocks of ``block`` passes; ``timed``: each pass's time in ``pass_seconds``), ``"triangle"``
-    seed 000's scan with workload reordering. For d <= 8, ``"pruned"`` is the box engine of
+    seed 000's scan with workload reordering. For d <= ``BOX_MAX_D``, ``"pruned"`` is the box engine of
     ``torchkm._kernels.boxes`` (rows sorted along a curve, each tile searched over its candidates)."""
     from ._kernels.prune import BoundsEngine, TriangleEngine
 
@@ -243,12 +244,25 @@ def pruned_engine(
               "normalize": data.normalize, "tol": tol}
     if kind == "triangle":
         return TriangleEngine(data.x, centroids, labels, **common)
-    if not bounds_supported(data):
+    if data.n_features <= BOX_MAX_D:
         from ._kernels.boxes import BoxEngine
 
         return BoxEngine(data.x, centroids, labels, graphs=graphs, block=block, timed=timed, **common)
     return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, block=block, timed=timed,
                         **common)
+
+
+# The box engine serves up to 8 features, but its tiles' lists stay short only for few: on N(0, 1)
+# rows (scripts/diag_box_lists.py, tiles of 128 rows, CPU) the mean list is 1.03-1.05 of 32
+# centroids at 100M x 2, 2.3-3.0 of 100 at 10M x 3, 3.8-4.5 of 32 at 10M x 4 (6-10 % of tiles past
+# the 8 slots), 9-12 of 32 at 10M x 5 (43-63 % past them) and all 32 at 1M x 8.
+BOX_MAX_D = 3
+
+
+def pruned_supported(data: DataView) -> bool:
+    """Whether ``algorithm="pruned"`` has an engine for this data: the kernels, and d > 8 (the bounds
+    engine) or d <= ``BOX_MAX_D`` (the box engine)."""
+    return bounds_supported(data) or (uses_kernels(data) and data.n_features <= BOX_MAX_D)
 
 
 def bounds_supported(data: DataView) -> bool:

@@ -71,11 +71,12 @@ class KMeans(nn.Module):
             equal the dense exact pass's (the search always runs in the exact mode), and so do the
             iteration counts, up to fp32 ties. ``"triangle"``: seed 000's per-row triangle-
             inequality scan with workload-sorted rows (slower than the tensor cores on current GPUs;
-            kept for study). For rows of at most 8 features, ``"pruned"`` instead sorts a float32
+            kept for study). For rows of at most 3 features, ``"pruned"`` instead sorts a float32
             copy of the rows once along a space-filling curve and searches each tile of 128 sorted
             rows over the few centroids that can be nearest to any point of the tile's bounding box
             (same labels as the dense pass). Pruning needs the CUDA kernels; ``"auto"`` tries it for
-            d > 8 only. Elsewhere the dense loop runs, and ``history_`` says which pass ran.
+            d > 8 only. Elsewhere (and for ``"pruned"`` with 4 to 8 features, where the tiles' boxes
+            exclude few centroids) the dense loop runs, and ``history_`` says which pass ran.
         max_points_per_centroid: faiss's sub-sampling: with more than ``max_points_per_centroid *
             n_clusters`` rows, the Lloyd iterations run on a uniform sample of that many rows (faiss
             uses 256), and the final labels and inertia are computed over all rows. Off by default

@@ -13,6 +13,9 @@ every row of the tile is strictly nearer to that other centroid, in fp32 as in e
 order with the dense pass's distance arithmetic, so ties go to the lowest index and the labels
 are the dense small-d pass's; the rows of a tile that share a label are summed together.
 
+The kernels serve up to 8 features; the API runs the engine for at most 3 (``torchkm._ops.BOX_MAX_D``),
+where the boxes of 128-row tiles exclude most centroids (``scripts/diag_box_lists.py``).
+
 The engine keeps a float32 copy of the transformed rows in curve order (``n * d * 4`` bytes, at
 most 32 per row) and the order itself; labels stay in curve order inside, and ``labels`` gives
 them in the caller's order.
