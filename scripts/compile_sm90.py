@@ -144,13 +144,18 @@ def main():
     for d, k in ((1, 32), (2, 32), (3, 100), (8, 7)):
         B.curve_keys(torch.empty(2, d), torch.zeros(d), lo=torch.zeros(d), inv=torch.ones(d))
         cand, count = torch.zeros(2, B.MAX_CANDIDATES, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+        work, work_count = torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
         tallies = (torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
-        B.candidates(torch.zeros(2, d), torch.zeros(2, d), torch.randn(k, d), cand, count, tallies,
-                     control=torch.zeros(2, dtype=torch.int32), stats_prev=torch.zeros(4, dtype=torch.float64))
+        for settle in (None, (torch.zeros(2, dtype=torch.int32), torch.zeros(2, d + 2, dtype=torch.float64),
+                              torch.zeros(k * d + k), torch.zeros(1))):
+            B.candidates(torch.zeros(2, d), torch.zeros(2, d), torch.randn(k, d), cand, count, work, work_count,
+                         settle=settle, control=torch.zeros(2, dtype=torch.int32),
+                         stats_prev=torch.zeros(4, dtype=torch.float64))
         for weight in (None, torch.ones(2)):
-            B.box_pass(torch.empty(2, d), torch.randn(k, d), cand, count, torch.zeros(2, dtype=torch.int32),
-                       torch.zeros(k * d + k), torch.zeros(3), torch.zeros(3, dtype=torch.int64), block_n=128,
-                       tiles_per_program=7, sample_weight=weight, control=torch.zeros(2, dtype=torch.int32))
+            B.box_pass(torch.empty(2, d), torch.randn(k, d), cand, count, work, work_count,
+                       torch.zeros(2, dtype=torch.int32), torch.zeros(k * d + k), torch.zeros(3),
+                       torch.zeros(3, dtype=torch.int64), tallies, block_n=128, sample_weight=weight,
+                       control=torch.zeros(2, dtype=torch.int32))
     for normalize in (False, True):
         c = torch.randn(7, 33)
         C.finish_update(torch.zeros(2, 7, 33), torch.zeros(2, 7), c, torch.zeros(3), torch.zeros(3, dtype=torch.int64),

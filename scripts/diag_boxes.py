@@ -3,7 +3,8 @@
 For each shape: fresh N(0, 1) rows, centroids from random rows, five passes of each engine from the
 same start, then the GPU time of one more pass of each (20 passes replayed in a CUDA graph), the
 box engine's set-up time (curve order, sorted copy, tile boxes), its candidate lists (mean length,
-tiles past the slots) and its two launches alone. ``--configs`` times the box pass at several
+tiles past the slots, tiles searched rather than settled) and its two launches alone (the
+candidates launch with the tiles' settling, the pass over the work list it leaves). ``--configs`` times the box pass at several
 ``TORCHKM_BOX_CONFIG`` values (``BLOCK_N,programs per SM``).
 
     python scripts/diag_boxes.py --json out/boxes.json [--only 100Mx2x32] [--configs 128,8 256,8]
@@ -60,10 +61,18 @@ def box_pass_stats(x: torch.Tensor, c0: torch.Tensor) -> dict[str, float]:
     out["pass_ms"] = graph_ms(e._block_pass)
     out["mean_candidates"] = float(e.count.float().mean())
     out["tiles_past_slots_pct"] = 100 * float((e.count > e.cand.shape[1]).float().mean())
-    out["candidates_ms"] = graph_ms(lambda: candidates(e.lo, e.hi, e.c, e.cand, e.count, e.tallies))
+    out["tiles_searched_pct"] = 100 * float(e.work_count[0]) / e.count.numel()
+    programs = e._programs
+    settle = (e.tile_label, e.moments, e.acc, e.part_inertia[programs:])
+
+    def candidates_only():
+        e.work_count.zero_()
+        candidates(e.lo, e.hi, e.c, e.cand, e.count, e.work, e.work_count, settle=settle)
+
+    out["candidates_ms"] = graph_ms(candidates_only)
     out["box_pass_only_ms"] = graph_ms(lambda: box_pass(
-        e.x_sorted, e.c, e.cand, e.count, e.sorted_labels, e.acc, e.part_inertia, e.part_changed,
-        block_n=e.block_n, tiles_per_program=e.tiles_per_program))
+        e.x_sorted, e.c, e.cand, e.count, e.work, e.work_count, e.sorted_labels, e.acc, e.part_inertia[:programs],
+        e.part_changed[:programs], e.tallies, block_n=e.block_n))
     return out
 
 

@@ -9,15 +9,19 @@ box, so that a tile of ``BLOCK_N`` consecutive sorted rows lies in a small box. 
 box: centroid j is left out when its nearest point of the box is farther, by more than the
 rounding of an fp32 distance, than the farthest point of the box from some other centroid (then
 every row of the tile is strictly nearer to that other centroid, in fp32 as in exact arithmetic).
-``_box_pass_kernel`` then searches each tile's rows over its list only, in increasing centroid
-order with the dense pass's distance arithmetic, so ties go to the lowest index and the labels
-are the dense small-d pass's; the rows of a tile that share a label are summed together.
+A tile whose list holds one centroid, which every row of the tile already holds, is settled:
+``_candidates_kernel`` adds its sums, weight and inertia from the tile's moments (weighted mean,
+weight, scatter, computed once per fit) and its rows are not read at all. The other tiles go on
+a work list, and ``_box_pass_kernel`` searches each of their rows over the tile's list only, in
+increasing centroid order with the dense pass's distance arithmetic, so ties go to the lowest
+index and the labels are the dense small-d pass's; the rows of a tile that share a label are
+summed together.
 
 The kernels serve up to 8 features; the API runs the engine for at most 3 (``torchkm._ops.BOX_MAX_D``),
 where the boxes of 128-row tiles exclude most centroids (``scripts/diag_box_lists.py``).
 
 The engine keeps a float32 copy of the transformed rows in curve order (``n * d * 4`` bytes, at
-most 32 per row) and the order itself; labels stay in curve order inside, and ``labels`` gives
+most 32 per row), the order itself and each tile's moments (``8 (d + 2)`` bytes a tile); labels stay in curve order inside, and ``labels`` gives
 them in the caller's order.
 """
 
@@ -34,8 +38,8 @@ from .centroids import block_frozen, finish_update
 from .lloyd import ReplayedEngine, device_tol, launch_key
 from .prune import PassInfo, distance_margin
 
-__all__ = ["BoxEngine", "box_launch", "candidates", "candidates_reference", "curve_keys", "curve_keys_reference",
-           "box_pass", "tile_boxes"]
+__all__ = ["BoxEngine", "box_launch", "box_pass", "candidate_programs", "candidates", "candidates_reference",
+           "curve_keys", "curve_keys_reference", "tile_boxes", "tile_moments"]
 
 MAX_D = 8
 # Candidate slots per tile: a tile with more candidates searches every centroid.
@@ -147,34 +151,43 @@ def tile_boxes(rows: torch.Tensor, block_n: int) -> tuple[torch.Tensor, torch.Te
 
 
 # ----------------------------------------------------------------------------------------------
-# Candidate lists (every pass).
+# Candidate lists and settled tiles (every pass).
 
 
 @triton.jit
-def _box_distances(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, col_mask, d, TB: tl.constexpr, KC: tl.constexpr):
-    """Squared distances from each tile's box to each centroid: (nearest point, farthest point),
-    (TB x KC) each. A padded centroid is at +inf from everything."""
-    near = tl.zeros((TB, KC), tl.float32)
+def _box_far(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, col_mask, d, TB: tl.constexpr, KC: tl.constexpr):
+    """Squared distances from each centroid to the farthest point of each tile's box (TB x KC); a
+    padded centroid is at +inf."""
     far = tl.zeros((TB, KC), tl.float32)
     for i in range(d):
         lo = tl.load(lo_ptr + tiles * d + i, mask=tile_mask, other=0.0)
         hi = tl.load(hi_ptr + tiles * d + i, mask=tile_mask, other=0.0)
         c = tl.load(c_ptr + cols * d + i, mask=col_mask, other=0.0)
-        below = lo[:, None] - c[None, :]
-        above = c[None, :] - hi[:, None]
-        gap = tl.maximum(tl.maximum(below, above), 0.0)
-        near += gap * gap
-        span = tl.maximum(tl.abs(below), tl.abs(hi[:, None] - c[None, :]))
+        span = tl.maximum(tl.abs(lo[:, None] - c[None, :]), tl.abs(hi[:, None] - c[None, :]))
         far += span * span
-    inf = float("inf")
-    return tl.where(col_mask[None, :], near, inf), tl.where(col_mask[None, :], far, inf)
+    return tl.where(col_mask[None, :], far, float("inf"))
+
+
+@triton.jit
+def _box_near(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, col_mask, d, TB: tl.constexpr, KC: tl.constexpr):
+    """Squared distances from each centroid to the nearest point of each tile's box (TB x KC); a
+    padded centroid is at +inf."""
+    near = tl.zeros((TB, KC), tl.float32)
+    for i in range(d):
+        lo = tl.load(lo_ptr + tiles * d + i, mask=tile_mask, other=0.0)
+        hi = tl.load(hi_ptr + tiles * d + i, mask=tile_mask, other=0.0)
+        c = tl.load(c_ptr + cols * d + i, mask=col_mask, other=0.0)
+        gap = tl.maximum(tl.maximum(lo[:, None] - c[None, :], c[None, :] - hi[:, None]), 0.0)
+        near += gap * gap
+    return tl.where(col_mask[None, :], near, float("inf"))
 
 
 @triton.jit(do_not_specialize=["k", "n_tiles"])
-def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, searched_ptr, overflow_ptr, control_ptr,
-                       stats_prev_ptr, tol,
+def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, work_ptr, work_count_ptr,
+                       tile_label_ptr, moments_ptr, acc_ptr, part_inertia_ptr, control_ptr, stats_prev_ptr, tol,
                        n_tiles, k, d, margin,
-                       TB: tl.constexpr, KC: tl.constexpr, MAXC: tl.constexpr, HAS_CONTROL: tl.constexpr):
+                       TB: tl.constexpr, KC: tl.constexpr, MAXC: tl.constexpr, HAS_CONTROL: tl.constexpr,
+                       SETTLE: tl.constexpr):
     go = True
     if HAS_CONTROL:
         # The first launch of a replayed iteration decides whether it is frozen (as prepare_centroids
@@ -192,46 +205,108 @@ def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, searched_ptr,
         reach = tl.full((TB,), float("inf"), tl.float32)
         for j0 in range(0, k, KC):
             cols = j0 + chunk
-            _, far = _box_distances(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC)
-            reach = tl.minimum(reach, tl.min(far, axis=1))
+            reach = tl.minimum(reach, tl.min(_box_far(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC),
+                                             axis=1))
         # Every row of the tile is within ``reach`` of some centroid: a centroid whose box distance
         # exceeds it (with room for fp32 rounding of both sides) is nearest to none of them.
         limit = reach * (1.0 + margin) + 1e-30
         count = tl.zeros((TB,), tl.int32)
+        first = tl.full((TB,), k, tl.int32)
         for j0 in range(0, k, KC):
             cols = j0 + chunk
-            near, _ = _box_distances(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC)
+            near = _box_near(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC)
             take = (near <= limit[:, None]) & tile_mask[:, None]
             slot = count[:, None] + tl.cumsum(take.to(tl.int32), axis=1) - 1
             tl.store(cand_ptr + tiles[:, None] * MAXC + slot, cols[None, :], mask=take & (slot < MAXC))
             count += tl.sum(take.to(tl.int32), axis=1)
+            first = tl.minimum(first, tl.min(tl.where(take, cols[None, :], k), axis=1))
         tl.store(count_ptr + tiles, count, mask=tile_mask)
-        # Centroids each tile will search: its list, or all k past the slots.
-        searched = tl.where(tile_mask, tl.where(count <= MAXC, count, k), 0)
-        tl.atomic_add(searched_ptr, tl.sum(searched, axis=0), sem="relaxed")
-        tl.atomic_add(overflow_ptr, tl.sum((tile_mask & (count > MAXC)).to(tl.int32), axis=0), sem="relaxed")
+        work = tile_mask
+        if SETTLE:
+            # A tile with one candidate whose rows already all hold it (``tile_label``) is settled:
+            # its labels stand, and its sums, weight and inertia come from its moments (mean m,
+            # weight W, scatter S = sum w |x - m|^2, float64): sum w |x - c|^2 = S + W |m - c|^2.
+            single = tile_mask & (count == 1)
+            settled = single & (tl.load(tile_label_ptr + tiles, mask=tile_mask, other=-1) == first)
+            work = tile_mask & ~settled
+            tl.store(tile_label_ptr + tiles, tl.where(single, first, -1), mask=work)
+            row = moments_ptr + tiles * (d + 2)
+            weight = tl.load(row + d, mask=settled, other=0.0)
+            spread = tl.zeros((TB,), tl.float64)
+            for i in range(d):
+                diff = tl.load(row + i, mask=settled, other=0.0) - tl.load(c_ptr + first * d + i, mask=settled,
+                                                                             other=0.0).to(tl.float64)
+                spread += diff * diff
+            inertia = tl.where(settled, tl.load(row + d + 1, mask=settled, other=0.0) + weight * spread, 0.0)
+            tl.store(part_inertia_ptr + tl.program_id(0), tl.sum(inertia, axis=0).to(tl.float32))
+            # The settled tiles' sums, per chunk of centroids between the least and greatest label.
+            lowest = tl.min(tl.where(settled, first, k), axis=0)
+            highest = tl.max(tl.where(settled, first, -1), axis=0)
+            for j0 in range((lowest // KC) * KC, highest + 1, KC):
+                cols = j0 + chunk
+                hit = settled[:, None] & (first[:, None] == cols[None, :])
+                present = tl.sum(hit.to(tl.int32), axis=0) > 0
+                tl.atomic_add(acc_ptr + k * d + cols, tl.sum(tl.where(hit, weight[:, None], 0.0), axis=0).to(tl.float32),
+                              mask=present, sem="relaxed")
+                for i in range(d):
+                    wx = weight * tl.load(row + i, mask=settled, other=0.0)
+                    tl.atomic_add(acc_ptr + cols * d + i, tl.sum(tl.where(hit, wx[:, None], 0.0), axis=0).to(tl.float32),
+                                  mask=present, sem="relaxed")
+        else:
+            tl.store(part_inertia_ptr + tl.program_id(0), 0.0)
+        # The other tiles go on the pass's work list (in no particular order).
+        listed = tl.sum(work.to(tl.int32), axis=0)
+        if listed > 0:
+            base = tl.atomic_add(work_count_ptr, listed, sem="relaxed")
+            slot = base + tl.cumsum(work.to(tl.int32), axis=0) - 1
+            tl.store(work_ptr + slot, tiles.to(tl.int32), mask=work)
+
+
+CANDIDATE_TILES = 32  # tiles per program of the candidates launch
+
+
+def candidate_programs(n_tiles: int) -> int:
+    """Programs of the candidates launch (each writes one inertia partial)."""
+    return triton.cdiv(n_tiles, CANDIDATE_TILES)
 
 
 def candidates(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor, cand: torch.Tensor, count: torch.Tensor,
-               tallies: tuple[torch.Tensor, torch.Tensor], *, control: torch.Tensor | None = None, stats_prev: torch.Tensor | None = None,
-               tol: float = 0.0) -> None:
+               work: torch.Tensor, work_count: torch.Tensor, *, settle: tuple[torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor, torch.Tensor] | None = None,
+               control: torch.Tensor | None = None, stats_prev: torch.Tensor | None = None, tol: float = 0.0) -> None:
     """Each tile's candidate centroids into ``cand`` (tiles, MAX_CANDIDATES) int32, in increasing
     order, and their number into ``count`` (tiles,) int32 (past MAX_CANDIDATES the list is cut and
-    the tile searches every centroid); ``tallies``: two int32 counters (zero on entry), plus the
-    centroids the tiles will search and the tiles past the slots. ``control``/``stats_prev``: a replayed block's iteration
-    (see ``prepare_centroids``), which this launch freezes or not."""
+    the tile searches every centroid). The tiles the pass must search go to ``work`` (tiles,) int32,
+    their number added to ``work_count`` (one int32, zero on entry).
+
+    ``settle``: ``(tile_label, moments, acc, part_inertia)``. ``tile_label`` (tiles,) int32 is the
+    label every row of a tile holds, or -1 (not known or mixed); ``moments`` (tiles, d + 2) float64
+    each tile's weighted mean, weight and scatter (``tile_moments``). A tile whose only candidate
+    is its ``tile_label`` is settled: it stays off the work list, its weighted sums and weight go
+    into ``acc`` (k * d sums, then k weights) and the inertia of the settled tiles of each program
+    into ``part_inertia`` (``candidate_programs(tiles)`` elements). The other tiles' ``tile_label``
+    becomes what the pass will give them: their candidate if they have one, else -1.
+    Without ``settle`` every tile goes on the work list.
+
+    ``control``/``stats_prev``: a replayed block's iteration (see ``prepare_centroids``), which this
+    launch freezes or not."""
     tiles, d = lo.shape
     k = c.shape[0]
     if tiles == 0:
         return
-    tb = 32
     kc = min(32, max(16, triton.next_power_of_2(k)))
     device = c.device
-    launcher(_candidates_kernel)[(triton.cdiv(tiles, tb),)](
-        lo, hi, c, cand, count, *tallies, unused(device, torch.int32) if control is None else control,
+    if settle is None:
+        tile_label, moments, acc = unused(device, torch.int32), unused(device, torch.float64), unused(device)
+        part_inertia = torch.empty(candidate_programs(tiles), device=device)
+    else:
+        tile_label, moments, acc, part_inertia = settle
+    launcher(_candidates_kernel)[(candidate_programs(tiles),)](
+        lo, hi, c, cand, count, work, work_count, tile_label, moments, acc, part_inertia,
+        unused(device, torch.int32) if control is None else control,
         unused(device, torch.float64) if stats_prev is None else stats_prev, tol,
         tiles, k, d, distance_margin(d),
-        TB=tb, KC=kc, MAXC=cand.shape[1], HAS_CONTROL=control is not None,
+        TB=CANDIDATE_TILES, KC=kc, MAXC=cand.shape[1], HAS_CONTROL=control is not None, SETTLE=settle is not None,
     )
 
 
@@ -244,6 +319,29 @@ def candidates_reference(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor) ->
     far = (torch.maximum(below.abs(), (hi[:, None, :] - c[None, :, :]).abs()) ** 2).sum(2)
     reach = far.min(1).values
     return near <= (reach * (1 + margin) + 1e-30)[:, None]
+
+
+def tile_moments(rows: torch.Tensor, block_n: int, weight: torch.Tensor | None = None,
+                 chunk_tiles: int = 1 << 15) -> torch.Tensor:
+    """(tiles, d + 2) float64: each tile of ``block_n`` consecutive rows' weighted mean (d), weight
+    and scatter ``sum w |x - mean|^2`` (mean 0 and scatter 0 where the weight is 0). Computed in
+    float64 over chunks of ``chunk_tiles`` tiles, so the temporary stays small."""
+    n, d = rows.shape
+    tiles = triton.cdiv(n, block_n)
+    out = torch.zeros(tiles, d + 2, dtype=torch.float64, device=rows.device)
+    for t0 in range(0, tiles, chunk_tiles):
+        t1 = min(tiles, t0 + chunk_tiles)
+        r0, r1 = t0 * block_n, min(n, t1 * block_n)
+        x = rows[r0:r1].double()
+        w = torch.ones(r1 - r0, dtype=torch.float64, device=rows.device) if weight is None else weight[r0:r1].double()
+        tile = torch.arange(r1 - r0, device=rows.device) // block_n
+        total = torch.zeros(t1 - t0, dtype=torch.float64, device=rows.device).index_add_(0, tile, w)
+        sums = torch.zeros(t1 - t0, d, dtype=torch.float64, device=rows.device).index_add_(0, tile, x * w[:, None])
+        mean = torch.where(total[:, None] > 0, sums / torch.where(total > 0, total, 1.0)[:, None], 0.0)
+        scatter = torch.zeros(t1 - t0, dtype=torch.float64, device=rows.device).index_add_(
+            0, tile, w * ((x - mean[tile]) ** 2).sum(1))
+        out[t0:t1, :d], out[t0:t1, d], out[t0:t1, d + 1] = mean, total, scatter
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,19 +380,21 @@ def _tile_distances(xr, c_ptr, j, d, dims, dim_mask, DP: tl.constexpr):
     return dist
 
 
-@triton.jit(do_not_specialize=["n", "k", "n_tiles", "tiles_per_program"])
+@triton.jit(do_not_specialize=["n", "k", "n_tiles"])
 def _box_pass_kernel(
-    x_ptr, w_ptr, c_ptr, cand_ptr, count_ptr, labels_ptr, acc_ptr, part_inertia_ptr, part_changed_ptr, control_ptr,
-    n, k, d, n_tiles, tiles_per_program,
+    x_ptr, w_ptr, c_ptr, cand_ptr, count_ptr, work_ptr, work_count_ptr, labels_ptr, acc_ptr,
+    part_inertia_ptr, part_changed_ptr, searched_ptr, overflow_ptr, control_ptr,
+    n, k, d, n_tiles,
     BLOCK_N: tl.constexpr, DP: tl.constexpr, KP: tl.constexpr, MAXC: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_PREV: tl.constexpr, HAS_CONTROL: tl.constexpr, REG_SUMS: tl.constexpr,
 ):
-    """Program ``p`` of ``G`` walks tiles ``p, p + G, ...``; step t loads tile t (rows, weights,
-    previous labels, its count and first candidate) and searches tile t - 1, so the loads are in
-    flight during a search (as in the dense small-d pass). ``x`` is the contiguous float32
-    transformed rows in curve order, ``labels`` int32 in the same order (previous labels on entry
-    with ``HAS_PREV``). ``REG_SUMS`` (k <= KP): per-cluster sums kept in registers and added once
-    per program; otherwise atomics per tile and candidate."""
+    """Program ``p`` of ``G`` walks the work list's entries ``p, p + G, ...``; step t loads tile t
+    (rows, weights, previous labels, its count and first candidate) and searches tile t - 1, so the
+    loads are in flight during a search (as in the dense small-d pass). ``x`` is the contiguous
+    float32 transformed rows in curve order, ``labels`` int32 in the same order (previous labels on
+    entry with ``HAS_PREV``). ``REG_SUMS`` (k <= KP): per-cluster sums kept in registers and added
+    once per program; otherwise atomics per tile and candidate. Each program adds the centroids its
+    tiles searched and its tiles past the slots to ``searched`` and ``overflow``."""
     go = True
     if HAS_CONTROL:
         go = tl.load(control_ptr) == 0
@@ -311,20 +411,28 @@ def _box_pass_kernel(
             acc_w = tl.zeros((KP,), tl.float32)
         inertia_rows = tl.zeros((BLOCK_N,), tl.float32)
         changed_rows = tl.zeros((BLOCK_N,), tl.int32)
+        searched = pid * 0
+        overflow = pid * 0
         x_next = tl.zeros((BLOCK_N, DP), tl.float32)
         w_next = tl.zeros((BLOCK_N,), tl.float32)
         prev_next = tl.zeros((BLOCK_N,), tl.int32)
         count_next = pid * 0
         first_next = pid * 0
-        for t in range(tiles_per_program + 1):
-            tile = (pid + t * programs).to(tl.int64)
-            rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            row_mask = rows < n
+        tile_next = (pid * 0).to(tl.int64) + n_tiles
+        listed_tiles = tl.load(work_count_ptr)
+        my_tiles = tl.maximum(listed_tiles - pid + programs - 1, 0) // programs
+        for t in range(my_tiles + 1):
             x_tile = x_next
             w = w_next
             prev = prev_next
             count = count_next
             first = first_next
+            tile = tile_next
+            entry = pid + t * programs
+            # Past the list: a tile past the last row (nothing loaded, no candidates, nothing stored).
+            tile_next = tl.load(work_ptr + entry, mask=entry < listed_tiles, other=n_tiles).to(tl.int64)
+            rows = tile_next * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_mask = rows < n
             x_next = tl.load(x_ptr + rows[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
                              other=0.0)
             if HAS_WEIGHT:
@@ -333,14 +441,15 @@ def _box_pass_kernel(
                 w_next = row_mask.to(tl.float32)
             if HAS_PREV:
                 prev_next = tl.load(labels_ptr + rows, mask=row_mask, other=0)
-            count_next = tl.load(count_ptr + tile, mask=tile < n_tiles, other=0)
-            first_next = tl.load(cand_ptr + tile * MAXC, mask=tile < n_tiles, other=0)
+            count_next = tl.load(count_ptr + tile_next, mask=tile_next < n_tiles, other=0)
+            first_next = tl.load(cand_ptr + tile_next * MAXC, mask=tile_next < n_tiles, other=0)
             if t > 0:
-                tile = tile - programs
-                rows = rows - programs * BLOCK_N
-                row_mask = (rows >= 0) & (rows < n)
+                rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+                row_mask = rows < n
                 listed = count <= MAXC
                 steps = tl.where(listed, count, k)
+                searched += steps
+                overflow += (~listed).to(tl.int32)
                 best = tl.full((BLOCK_N,), float("inf"), tl.float32)
                 label = tl.zeros((BLOCK_N,), tl.int32)
                 # Candidates in increasing index, strict comparison: ties keep the lowest index.
@@ -360,7 +469,7 @@ def _box_pass_kernel(
                 else:
                     changed_rows += row_mask.to(tl.int32)
                 tl.store(labels_ptr + rows, label, mask=row_mask)
-                inertia_rows += tl.where(row_mask, best, 0.0) * w  # a tile past the last has no candidates: inf
+                inertia_rows += tl.where(row_mask, best, 0.0) * w
                 xw = x_tile * w[:, None]
                 if listed:
                     # The rows of each candidate's cluster, summed across the tile.
@@ -385,6 +494,9 @@ def _box_pass_kernel(
                     tl.atomic_add(counts_ptr + label64, w, mask=row_mask, sem="relaxed")
         tl.store(part_changed_ptr + pid, tl.sum(changed_rows.to(tl.int64), axis=0))
         tl.store(part_inertia_ptr + pid, tl.sum(inertia_rows, axis=0))
+        if my_tiles > 0:
+            tl.atomic_add(searched_ptr, searched, sem="relaxed")
+            tl.atomic_add(overflow_ptr, overflow, sem="relaxed")
         if REG_SUMS:
             live = k_rows < k
             tl.atomic_add(sums_ptr + k_rows[:, None] * d + dims[None, :], acc_x, mask=live[:, None] & dim_mask[None, :],
@@ -395,27 +507,29 @@ def _box_pass_kernel(
 REG_SUMS_MAX_K = 64
 
 
-def box_launch(n: int, device: torch.device) -> tuple[int, int, int]:
-    """(rows per tile, programs, tiles per program) of the pass. ``TORCHKM_BOX_CONFIG``
-    (``BLOCK_N,programs per SM``) overrides it for experiments."""
+def box_launch(n: int, device: torch.device) -> tuple[int, int]:
+    """(rows per tile, programs) of the pass. ``TORCHKM_BOX_CONFIG`` (``BLOCK_N,programs per SM``)
+    overrides it for experiments."""
     block_n, per_sm = 128, 8
     spec = os.environ.get("TORCHKM_BOX_CONFIG")
     if spec:
         block_n, per_sm = (int(v) for v in spec.split(","))
     n_tiles = triton.cdiv(n, block_n)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    tiles_per_program = max(1, triton.cdiv(n_tiles, per_sm * sms))
-    return block_n, triton.cdiv(n_tiles, tiles_per_program), tiles_per_program
+    return block_n, max(1, min(n_tiles, per_sm * sms))
 
 
-def box_pass(x_sorted: torch.Tensor, c: torch.Tensor, cand: torch.Tensor, count: torch.Tensor, labels: torch.Tensor,
-             acc: torch.Tensor, part_inertia: torch.Tensor, part_changed: torch.Tensor, *, block_n: int,
-             tiles_per_program: int, sample_weight: torch.Tensor | None = None, has_prev: bool = True,
+def box_pass(x_sorted: torch.Tensor, c: torch.Tensor, cand: torch.Tensor, count: torch.Tensor, work: torch.Tensor,
+             work_count: torch.Tensor, labels: torch.Tensor, acc: torch.Tensor, part_inertia: torch.Tensor,
+             part_changed: torch.Tensor, tallies: tuple[torch.Tensor, torch.Tensor], *, block_n: int,
+             sample_weight: torch.Tensor | None = None, has_prev: bool = True,
              control: torch.Tensor | None = None) -> None:
-    """One pass over the sorted rows: ``labels`` (int32, previous labels on entry with ``has_prev``)
-    rewritten, the per-cluster sums and weights added into ``acc`` (k * d sums, then k weights;
-    float32, zero on entry), each program's inertia and changed-label count into ``part_inertia``
-    and ``part_changed`` (one per program: the grid is their length)."""
+    """One pass over the tiles of sorted rows on the work list (``candidates``): their ``labels``
+    (int32, previous labels on entry with ``has_prev``) rewritten, their per-cluster sums and
+    weights added into ``acc`` (k * d sums, then k weights; float32), each program's inertia and
+    changed-label count into ``part_inertia`` and ``part_changed`` (one per program: the grid is
+    their length); ``tallies`` (two int32 counters) gain the centroids the tiles searched and the
+    tiles past the candidate slots."""
     n, d = x_sorted.shape
     k = c.shape[0]
     programs = part_inertia.numel()
@@ -424,9 +538,9 @@ def box_pass(x_sorted: torch.Tensor, c: torch.Tensor, cand: torch.Tensor, count:
     device = x_sorted.device
     kp = max(2, triton.next_power_of_2(k))
     launcher(_box_pass_kernel)[(programs,)](
-        x_sorted, unused(device) if sample_weight is None else sample_weight, c, cand, count, labels, acc,
-        part_inertia, part_changed, unused(device, torch.int32) if control is None else control,
-        n, k, d, count.numel(), tiles_per_program,
+        x_sorted, unused(device) if sample_weight is None else sample_weight, c, cand, count, work, work_count, labels,
+        acc, part_inertia, part_changed, *tallies, unused(device, torch.int32) if control is None else control,
+        n, k, d, count.numel(),
         BLOCK_N=block_n, DP=triton.next_power_of_2(d), KP=kp if k <= REG_SUMS_MAX_K else 2, MAXC=cand.shape[1],
         HAS_WEIGHT=sample_weight is not None, HAS_PREV=has_prev, HAS_CONTROL=control is not None,
         REG_SUMS=k <= REG_SUMS_MAX_K, num_warps=4,
@@ -468,20 +582,28 @@ class BoxEngine(ReplayedEngine):
         self.x_sorted = rows
         self.order = order.to(torch.int32) if n < 2**31 else order
         self.weight = None if sample_weight is None else sample_weight.index_select(0, order).to(torch.float32)
-        self.block_n, programs, self.tiles_per_program = box_launch(n, device)
+        self.block_n, programs = box_launch(n, device)
         self.lo, self.hi = tile_boxes(rows, self.block_n)
         n_tiles = self.lo.shape[0]
+        self.moments = tile_moments(rows, self.block_n, self.weight)
+        self.tile_label = torch.full((n_tiles,), -1, dtype=torch.int32, device=device)
         self.cand = torch.zeros(n_tiles, MAX_CANDIDATES, dtype=torch.int32, device=device)
         self.count = torch.zeros(n_tiles, dtype=torch.int32, device=device)
+        self.work = torch.zeros(n_tiles, dtype=torch.int32, device=device)
         self.sorted_labels = torch.zeros(n, dtype=torch.int32, device=device)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
         self.counts = torch.empty(k, dtype=torch.float32, device=device)
         self.acc = torch.zeros(k * d + k, dtype=torch.float32, device=device)
-        self.part_inertia = torch.zeros(programs, dtype=torch.float32, device=device)
-        self.part_changed = torch.zeros(programs, dtype=torch.int64, device=device)
-        self.tallies = (torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device))
+        # Inertia partials: the pass's programs, then the candidates launch's (settled tiles).
+        self.part_inertia = torch.zeros(programs + candidate_programs(n_tiles), dtype=torch.float32, device=device)
+        self.part_changed = torch.zeros(programs + candidate_programs(n_tiles), dtype=torch.int64, device=device)
+        self._programs = programs
+        # Counters zeroed before each pass: tiles on the work list, centroids searched, tiles past the slots.
+        self.counters = torch.zeros(3, dtype=torch.int32, device=device)
+        self.work_count = self.counters[:1]
+        self.tallies = (self.counters[1:2], self.counters[2:3])
         # A pass's record: [inertia, shift, changed, empty], centroids searched, tiles past the slots.
         self.record = torch.zeros(6, dtype=torch.float64, device=device)
         self.stats = self.record[:4]
@@ -498,14 +620,17 @@ class BoxEngine(ReplayedEngine):
 
     def _pass(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None
+        if not has_prev:
+            self.tile_label.fill_(-1)
         self.acc.zero_()
         self.record.zero_()
-        for tally in self.tallies:
-            tally.zero_()
-        candidates(self.lo, self.hi, self.c, self.cand, self.count, self.tallies, control=control,
+        self.counters.zero_()
+        programs = self._programs
+        candidates(self.lo, self.hi, self.c, self.cand, self.count, self.work, self.work_count,
+                   settle=(self.tile_label, self.moments, self.acc, self.part_inertia[programs:]), control=control,
                    stats_prev=self.stats_prev if in_block else None, tol=self.tol_device)
-        box_pass(self.x_sorted, self.c, self.cand, self.count, self.sorted_labels, self.acc, self.part_inertia,
-                 self.part_changed, block_n=self.block_n, tiles_per_program=self.tiles_per_program,
+        box_pass(self.x_sorted, self.c, self.cand, self.count, self.work, self.work_count, self.sorted_labels, self.acc,
+                 self.part_inertia[:programs], self.part_changed[:programs], self.tallies, block_n=self.block_n,
                  sample_weight=self.weight, has_prev=has_prev, control=control)
         k, d = self.c.shape
         finish_update(self.acc[: k * d].view(1, k, d), self.acc[k * d:].view(1, k), self.c, self.part_inertia,
@@ -543,7 +668,8 @@ class BoxEngine(ReplayedEngine):
         n, k = self.x_sorted.shape[0], self.c.shape[0]
         self.infos = []
         for row in values:
-            # Every row of a tile computes the tile's candidates: work spent is work needed here.
+            # Every row of a searched tile computes the tile's candidates: work spent is work needed
+            # here. A settled tile costs one distance, not counted.
             searched = min(float(n) * k, row[4] * self.block_n)
             self.infos.append(PassInfo(self.kernel, searched, searched, n, k))
         self.info = self.infos[-1] if self.infos else None

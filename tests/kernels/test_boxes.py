@@ -17,15 +17,21 @@ def _rows(n, d, k, seed, scale=3.0):
 
 
 def _sorted_tiles(x, c, block_n):
+    """Rows in curve order, their tiles' boxes, candidate lists and work list (every tile)."""
     order = torch.argsort(boxes.curve_keys(x))
     xs = x[order].contiguous()
     lo, hi = boxes.tile_boxes(xs, block_n)
     tiles = lo.shape[0]
     cand = torch.full((tiles, boxes.MAX_CANDIDATES), -1, dtype=torch.int32, device=x.device)
     count = torch.zeros(tiles, dtype=torch.int32, device=x.device)
-    tallies = (torch.zeros(1, dtype=torch.int32, device=x.device), torch.zeros(1, dtype=torch.int32, device=x.device))
-    boxes.candidates(lo, hi, c, cand, count, tallies)
-    return xs, lo, hi, cand, count, tallies
+    work = torch.full((tiles,), -1, dtype=torch.int32, device=x.device)
+    work_count = torch.zeros(1, dtype=torch.int32, device=x.device)
+    boxes.candidates(lo, hi, c, cand, count, work, work_count)
+    return xs, lo, hi, cand, count, work, work_count
+
+
+def _tallies():
+    return torch.zeros(1, dtype=torch.int32, device=DEVICE), torch.zeros(1, dtype=torch.int32, device=DEVICE)
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 5, 8])
@@ -49,15 +55,16 @@ def test_curve_keys_reject_wide_rows():
 @pytest.mark.parametrize("n,d,k", [(1000, 2, 7), (777, 1, 5), (501, 3, 33), (300, 8, 4), (650, 5, 1), (390, 4, 1000)])
 def test_candidate_lists_match_reference_and_hold_every_true_nearest(n, d, k):
     x, c = _rows(n, d, k, n + d)
-    xs, lo, hi, cand, count, tallies = _sorted_tiles(x, c, 16)
+    xs, lo, hi, cand, count, work, work_count = _sorted_tiles(x, c, 16)
     mask = boxes.candidates_reference(lo, hi, c)
     assert torch.equal(count.long(), mask.sum(1))
     listed = count <= boxes.MAX_CANDIDATES
     for t in torch.nonzero(listed).flatten().tolist():
         m = int(count[t])
         assert cand[t, :m].tolist() == mask[t].nonzero().flatten().tolist()  # increasing order
-    assert int(tallies[0]) == int(torch.where(listed, count, k).sum())
-    assert int(tallies[1]) == int((~listed).sum())
+    # Without settled tiles every tile is on the work list, once.
+    assert int(work_count) == lo.shape[0]
+    assert sorted(work.tolist()) == list(range(lo.shape[0]))
     # Every row's float64 nearest centroid is a candidate of its tile.
     nearest = torch.cdist(xs.double(), c.double()).argmin(1)
     tile = torch.arange(n, device=DEVICE) // 16
@@ -68,11 +75,9 @@ def test_candidate_lists_match_reference_and_hold_every_true_nearest(n, d, k):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_box_pass_equals_dense_small_d_pass(n, d, k, weighted):
     x, c = _rows(n, d, k, 2 * n + d)
-    xs, lo, hi, cand, count, _ = _sorted_tiles(x, c, 16)
+    xs, lo, hi, cand, count, work, work_count = _sorted_tiles(x, c, 16)
     w = torch.rand(n, generator=torch.Generator().manual_seed(n)).to(DEVICE) if weighted else None
-    tiles = lo.shape[0]
-    tiles_per_program = -(-tiles // 3)  # several tiles per program, the last program short
-    programs = -(-tiles // tiles_per_program)
+    programs = 3  # several tiles per program, the last program short
     # Previous labels: half the rows already on their label, the rest elsewhere.
     dense = assign(xs, c, sample_weight=w)
     prev = dense.labels.to(torch.int32).clone()
@@ -81,9 +86,13 @@ def test_box_pass_equals_dense_small_d_pass(n, d, k, weighted):
     acc = torch.zeros(k * d + k, device=DEVICE)
     part_inertia = torch.full((programs,), float("nan"), device=DEVICE)
     part_changed = torch.full((programs,), -1, dtype=torch.int64, device=DEVICE)
-    boxes.box_pass(xs, c, cand, count, labels, acc, part_inertia, part_changed, block_n=16,
-                   tiles_per_program=tiles_per_program, sample_weight=w)
+    tallies = _tallies()
+    boxes.box_pass(xs, c, cand, count, work, work_count, labels, acc, part_inertia, part_changed, tallies, block_n=16,
+                   sample_weight=w)
     assert torch.equal(labels.long(), dense.labels.long())
+    listed = count <= boxes.MAX_CANDIDATES
+    assert int(tallies[0]) == int(torch.where(listed, count, k).sum())
+    assert int(tallies[1]) == int((~listed).sum())
     weight = torch.ones(n, device=DEVICE) if w is None else w
     sums = torch.zeros(k, d, dtype=torch.float64, device=DEVICE).index_add_(0, labels.long(), (xs * weight[:, None]).double())
     counts = torch.zeros(k, dtype=torch.float64, device=DEVICE).index_add_(0, labels.long(), weight.double())
@@ -97,12 +106,75 @@ def test_box_pass_settles_ties_to_the_lowest_index():
     # Rows exactly halfway between two centroids, and duplicated centroids: the lower index wins.
     x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.5, 0.0], [0.5, 1.0], [2.0, 2.0]] * 7, device=DEVICE)
     c = torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 2.0], [0.0, 0.0], [2.0, 2.0]], device=DEVICE)
-    xs, lo, hi, cand, count, _ = _sorted_tiles(x, c, 4)
+    xs, lo, hi, cand, count, work, work_count = _sorted_tiles(x, c, 4)
     labels = torch.zeros(xs.shape[0], dtype=torch.int32, device=DEVICE)
     acc = torch.zeros(5 * 2 + 5, device=DEVICE)
     programs = lo.shape[0]
-    boxes.box_pass(xs, c, cand, count, labels, acc, torch.zeros(programs, device=DEVICE),
-                   torch.zeros(programs, dtype=torch.int64, device=DEVICE), block_n=4, tiles_per_program=1,
-                   has_prev=False)
+    boxes.box_pass(xs, c, cand, count, work, work_count, labels, acc, torch.zeros(programs, device=DEVICE),
+                   torch.zeros(programs, dtype=torch.int64, device=DEVICE), _tallies(), block_n=4, has_prev=False)
     assert torch.equal(labels.long(), assign(xs, c).labels.long())
     assert set(labels.tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("n,d,k,block_n", [(1000, 2, 7, 16), (777, 1, 5, 8), (501, 3, 33, 16), (650, 2, 1, 32),
+                                           (300, 2, 70, 4)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_settled_tiles_add_their_moments_and_leave_the_work_list(n, d, k, block_n, weighted):
+    # Clustered rows, so that many tiles have one candidate; the labels of the dense pass, with
+    # each single-candidate tile's known label set for every other such tile (those are settled,
+    # the rest stay on the work list and must be searched).
+    g = torch.Generator().manual_seed(n + k)
+    centres = 10 * torch.randn(k, d, generator=g)
+    x = (centres[torch.randint(0, k, (n,), generator=g)] + 0.3 * torch.randn(n, d, generator=g)).to(DEVICE)
+    c = centres.to(DEVICE)
+    xs, lo, hi, cand, count, _, _ = _sorted_tiles(x, c, block_n)
+    w = torch.rand(n, generator=torch.Generator().manual_seed(n)).to(DEVICE) if weighted else None
+    weight = torch.ones(n, device=DEVICE) if w is None else w
+    tiles = lo.shape[0]
+    dense = assign(xs, c, sample_weight=w)
+    single = count == 1
+    tile_label = torch.where(single, cand[:, 0], -1)
+    tile_label[1::2] = -1
+    settled = tile_label >= 0
+    assert bool(settled.any()) and not bool(settled.all())
+    moments = boxes.tile_moments(xs, block_n, w)
+    acc = torch.zeros(k * d + k, device=DEVICE)
+    part = torch.full((boxes.candidate_programs(tiles),), float("nan"), device=DEVICE)
+    work = torch.full((tiles,), -1, dtype=torch.int32, device=DEVICE)
+    work_count = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    new_label = tile_label.clone()
+    boxes.candidates(lo, hi, c, cand, count, work, work_count, settle=(new_label, moments, acc, part))
+    assert sorted(work[: int(work_count)].tolist()) == torch.nonzero(~settled).flatten().tolist()
+    # The tiles searched this pass now say what they will hold: their one candidate, or -1.
+    assert torch.equal(new_label, torch.where(single, cand[:, 0], -1))
+    # The settled tiles' rows keep their labels and are never read: poison them.
+    rows_settled = settled.repeat_interleave(block_n)[:n]
+    x_poisoned = torch.where(rows_settled[:, None], float("nan"), xs)
+    labels = torch.where(rows_settled, dense.labels.to(torch.int32), -7)
+    programs = 3
+    part_inertia = torch.zeros(programs, device=DEVICE)
+    part_changed = torch.zeros(programs, dtype=torch.int64, device=DEVICE)
+    boxes.box_pass(x_poisoned, c, cand, count, work, work_count, labels, acc, part_inertia, part_changed, _tallies(),
+                   block_n=block_n, sample_weight=w)
+    assert torch.equal(labels.long(), dense.labels.long())
+    sums = torch.zeros(k, d, dtype=torch.float64, device=DEVICE).index_add_(0, labels.long(), (xs * weight[:, None]).double())
+    counts = torch.zeros(k, dtype=torch.float64, device=DEVICE).index_add_(0, labels.long(), weight.double())
+    torch.testing.assert_close(acc[: k * d].view(k, d).double(), sums, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(acc[k * d:].double(), counts, rtol=1e-5, atol=1e-4)
+    inertia = float(part.double().sum() + part_inertia.double().sum())
+    assert inertia == pytest.approx(float((dense.sq_dist.double() * weight).sum()), rel=1e-5)
+    assert int(part_changed.sum()) == int((~rows_settled).sum())
+
+
+def test_tile_moments_match_direct_sums():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 3, generator=g).to(DEVICE)
+    w = torch.rand(37, generator=g).to(DEVICE)
+    w[8:16] = 0.0  # a tile of no weight: mean and scatter 0
+    got = boxes.tile_moments(x, 8, w, chunk_tiles=2)
+    for t in range(5):
+        xt, wt = x[8 * t: 8 * t + 8].double(), w[8 * t: 8 * t + 8].double()
+        total = wt.sum()
+        mean = (xt * wt[:, None]).sum(0) / total if total > 0 else torch.zeros(3, dtype=torch.float64, device=DEVICE)
+        scatter = (wt * ((xt - mean) ** 2).sum(1)).sum() if total > 0 else 0.0
+        torch.testing.assert_close(got[t], torch.cat([mean, total.reshape(1), torch.as_tensor(scatter).reshape(1).to(got)]))
