@@ -104,11 +104,12 @@ def decompose(x: torch.Tensor, c0: torch.Tensor, algorithm: str, max_iter: int) 
 
 def workloads(args, seed: int):
     """(name, x, k, sigma2 or None) for each workload, the data made on the GPU when needed."""
-    d = 32
-    for size in args.sizes:
-        for k in args.ks:
-            for s2 in args.sigma2:
-                yield f"seed000 {BASE_N * size}x{d}", lambda n=BASE_N * size, k=k, s2=s2: seed000_data(n, d, k, s2, seed), k, s2
+    for d in args.dims:
+        for size in args.sizes:
+            for k in args.ks:
+                for s2 in args.sigma2:
+                    yield (f"seed000 {BASE_N * size}x{d}",
+                           lambda n=BASE_N * size, d=d, k=k, s2=s2: seed000_data(n, d, k, s2, seed), k, s2)
     if args.sift:
         import numpy as np
 
@@ -121,6 +122,7 @@ def main() -> None:
     parser.add_argument("--json", default="out/bench_prune.json")
     parser.add_argument("--sizes", type=int, nargs="*", default=[1, 16], help="multiples of 245,760 rows")
     parser.add_argument("--ks", type=int, nargs="+", default=[32, 1024])
+    parser.add_argument("--dims", type=int, nargs="+", default=[32], help="features (seed 000: 32; 2 or 3: the box engine)")
     parser.add_argument("--sigma2", type=float, nargs="+", default=[0.0125, 0.05, 0.1, 0.2, 0.3])
     parser.add_argument("--sift", default=None, help="a .npy of SIFT descriptors (benchmarks/sift_data.py)")
     parser.add_argument("--sift-k", type=int, nargs="+", default=[4096])

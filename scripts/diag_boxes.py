@@ -5,7 +5,8 @@ same start, then the GPU time of one more pass of each (20 passes replayed in a 
 box engine's set-up time (curve order, sorted copy, tile boxes), its candidate lists (mean length,
 tiles past the slots, tiles searched rather than settled) and its two launches alone (the
 candidates launch with the tiles' settling, the pass over the work list it leaves). ``--configs`` times the box pass at several
-``TORCHKM_BOX_CONFIG`` values (``BLOCK_N,programs per SM``).
+``TORCHKM_BOX_CONFIG`` values (``BLOCK_N,programs per SM``), ``--candidate-configs`` the candidates
+launch at several ``TORCHKM_BOX_CANDIDATES`` values (``tiles per program,warps``).
 
     python scripts/diag_boxes.py --json out/boxes.json [--only 100Mx2x32] [--configs 128,8 256,8]
 """
@@ -81,6 +82,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--configs", nargs="*", default=[], help="TORCHKM_BOX_CONFIG values to time as well")
+    parser.add_argument("--candidate-configs", nargs="*", default=[],
+                        help="TORCHKM_BOX_CANDIDATES values (tiles per program,warps) to time as well")
     args = parser.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     for name, n, d, k in SHAPES:
@@ -90,12 +93,13 @@ def main() -> None:
         x = torch.randn(n, d, device="cuda", generator=g)
         c0 = x[torch.randint(0, n, (k,), device="cuda", generator=g)].clone()
         res = {"dense_pass_ms": dense_pass_ms(x, c0), "default": box_pass_stats(x, c0)}
-        for cfg in args.configs:
-            os.environ["TORCHKM_BOX_CONFIG"] = cfg
-            try:
-                res[cfg] = box_pass_stats(x, c0)
-            finally:
-                del os.environ["TORCHKM_BOX_CONFIG"]
+        for variable, values in (("TORCHKM_BOX_CONFIG", args.configs), ("TORCHKM_BOX_CANDIDATES", args.candidate_configs)):
+            for cfg in values:
+                os.environ[variable] = cfg
+                try:
+                    res[f"{variable}={cfg}"] = box_pass_stats(x, c0)
+                finally:
+                    del os.environ[variable]
         for key, value in res.items():
             print(name, key, value if isinstance(value, float) else {a: round(b, 4) for a, b in value.items()}, flush=True)
         results[name] = res

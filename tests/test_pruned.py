@@ -163,6 +163,42 @@ def test_small_d_pruned_runs_the_box_engine_and_equals_dense(kernels, monkeypatc
         _same_fit(torchkm.fit(x, 12, algorithm="triangle", **kw), ref)  # the scan serves any d
 
 
+def test_auto_tries_the_box_engine_at_small_d_and_hands_back(kernels, monkeypatch):
+    from torchkm import _loop
+
+    monkeypatch.setattr(_loop._Hybrid, "min_work", 0)
+    monkeypatch.setattr(_loop._Hybrid, "trial_share", float("inf"))  # try as soon as a dense pass is timed
+    monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)
+    monkeypatch.setenv("TORCHKM_BOX_CONFIG", "16,1")
+    x = _seed000(400, 2, 12, 0.3, 4)
+    kw = {"init": "random", "random_state": 4, "tol": 0.0, "max_iter": 30}
+    ref = torchkm.fit(x, 12, **kw)
+    # Never judged slower: the box engine takes over from the dense one's labels and ends the fit.
+    monkeypatch.setattr(_loop._Hybrid, "patience", 10**9)
+    got = torchkm.fit(x, 12, algorithm="auto", **kw)
+    _same_fit(got, ref)
+    kernels_run = [h.kernel for h in got.history]
+    assert kernels_run[0] == "lloyd" and "pruned" in kernels_run
+    assert kernels_run == sorted(kernels_run)  # lloyd, then pruned for good
+    # Judged slower at once: the dense engine takes the run back from the box engine's labels.
+    monkeypatch.setattr(_loop._Hybrid, "patience", 1)
+    monkeypatch.setattr(_loop._Hybrid, "plateau", 2.0)
+    real_after = _loop._Hybrid.after
+
+    def after(self, stats, how, seconds, host_seconds):
+        switch = real_after(self, stats, how, seconds, host_seconds)
+        if self.dense_seconds is not None:
+            self.dense_seconds = 0.0
+        return switch
+
+    monkeypatch.setattr(_loop._Hybrid, "after", after)
+    got = torchkm.fit(x, 12, algorithm="auto", **kw)
+    _same_fit(got, ref)
+    kernels_run = [h.kernel for h in got.history]
+    first = kernels_run.index("pruned")
+    assert "lloyd" in kernels_run[first:]
+
+
 def test_pruned_from_4_to_8_features_runs_dense(kernels, caplog):
     x = _seed000(200, 5, 4, 0.05, 0)
     with caplog.at_level(logging.INFO, logger="torchkm"):

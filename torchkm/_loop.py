@@ -241,7 +241,8 @@ class _Hybrid:
     have cost more than the dense reference by ``trial_share`` of the time spent before the trial
     (rising or not: settling in too slowly does not pay either), the dense engine, kept from the
     start, finishes the run (like seed 000's, the decision is final). Problems too small for the
-    choice to matter (``min_work``) and data the bounds do not serve (d <= 8) stay dense.
+    choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense;
+    at d <= 3 the trial runs the box engine (``torchkm._kernels.boxes``), judged the same way.
     """
 
     patience = 3
@@ -251,7 +252,7 @@ class _Hybrid:
     min_work = 1 << 24  # n * k * d below which a whole fit is a few milliseconds of launches
 
     def __init__(self, data: DataView, k: int):
-        self.enabled = _ops.bounds_supported(data) and data.n_samples * k * data.n_features >= self.min_work
+        self.enabled = _ops.pruned_supported(data) and data.n_samples * k * data.n_features >= self.min_work
         self.done = not self.enabled
         self.trying = False
         self.slow = 0
@@ -454,6 +455,8 @@ def lloyd(
             engine.timed = not hybrid.done and (hybrid.trying or hybrid.dense_seconds is None)
         if switch_to is not None:
             logger.debug("auto: switching to the %s engine at iteration %d", switch_to, it)
+            # The engines share one label buffer, which the box engine writes only when read.
+            _ = engine.labels
             engine = make_engine(switch_to, c)
     if engine is not None:
         # The engine's buffers are reused by its replays: hand out copies.

@@ -202,11 +202,27 @@ def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, work_ptr, wor
         tiles = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)
         tile_mask = tiles < n_tiles
         chunk = tl.arange(0, KC)
-        reach = tl.full((TB,), float("inf"), tl.float32)
-        for j0 in range(0, k, KC):
-            cols = j0 + chunk
-            reach = tl.minimum(reach, tl.min(_box_far(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC),
-                                             axis=1))
+        known = tl.full((TB,), -1, tl.int32)
+        if SETTLE:
+            known = tl.load(tile_label_ptr + tiles, mask=tile_mask, other=-1)
+        if tl.min(tl.where(tile_mask, known, 0), axis=0) >= 0:
+            # Every tile's rows hold one label: its centroid's far distance bounds the least one,
+            # so the lists below are supersets of the exact ones (still holding every nearest
+            # centroid), equal to them where the label is still the only candidate, and one
+            # sweep over the centroids is saved.
+            reach = tl.zeros((TB,), tl.float32)
+            for i in range(d):
+                lo = tl.load(lo_ptr + tiles * d + i, mask=tile_mask, other=0.0)
+                hi = tl.load(hi_ptr + tiles * d + i, mask=tile_mask, other=0.0)
+                c = tl.load(c_ptr + known * d + i, mask=tile_mask, other=0.0)
+                span = tl.maximum(tl.abs(lo - c), tl.abs(hi - c))
+                reach += span * span
+        else:
+            reach = tl.full((TB,), float("inf"), tl.float32)
+            for j0 in range(0, k, KC):
+                cols = j0 + chunk
+                reach = tl.minimum(reach, tl.min(_box_far(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d,
+                                                          TB, KC), axis=1))
         # Every row of the tile is within ``reach`` of some centroid: a centroid whose box distance
         # exceeds it (with room for fp32 rounding of both sides) is nearest to none of them.
         limit = reach * (1.0 + margin) + 1e-30
@@ -227,7 +243,7 @@ def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, work_ptr, wor
             # its labels stand, and its sums, weight and inertia come from its moments (mean m,
             # weight W, scatter S = sum w |x - m|^2, float64): sum w |x - c|^2 = S + W |m - c|^2.
             single = tile_mask & (count == 1)
-            settled = single & (tl.load(tile_label_ptr + tiles, mask=tile_mask, other=-1) == first)
+            settled = single & (known == first)
             work = tile_mask & ~settled
             tl.store(tile_label_ptr + tiles, tl.where(single, first, -1), mask=work)
             row = moments_ptr + tiles * (d + 2)
@@ -262,12 +278,19 @@ def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, work_ptr, wor
             tl.store(work_ptr + slot, tiles.to(tl.int32), mask=work)
 
 
-CANDIDATE_TILES = 32  # tiles per program of the candidates launch
+def candidate_launch() -> tuple[int, int]:
+    """(tiles per program, warps) of the candidates launch. ``TORCHKM_BOX_CANDIDATES``
+    (``TILES,WARPS``) overrides it for experiments."""
+    spec = os.environ.get("TORCHKM_BOX_CANDIDATES")
+    if spec:
+        tiles, warps = (int(v) for v in spec.split(","))
+        return tiles, warps
+    return 32, 4
 
 
 def candidate_programs(n_tiles: int) -> int:
     """Programs of the candidates launch (each writes one inertia partial)."""
-    return triton.cdiv(n_tiles, CANDIDATE_TILES)
+    return triton.cdiv(n_tiles, candidate_launch()[0])
 
 
 def candidates(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor, cand: torch.Tensor, count: torch.Tensor,
@@ -306,7 +329,8 @@ def candidates(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor, cand: torch.
         unused(device, torch.int32) if control is None else control,
         unused(device, torch.float64) if stats_prev is None else stats_prev, tol,
         tiles, k, d, distance_margin(d),
-        TB=CANDIDATE_TILES, KC=kc, MAXC=cand.shape[1], HAS_CONTROL=control is not None, SETTLE=settle is not None,
+        TB=candidate_launch()[0], KC=kc, MAXC=cand.shape[1], HAS_CONTROL=control is not None,
+        SETTLE=settle is not None, num_warps=candidate_launch()[1],
     )
 
 
@@ -322,25 +346,34 @@ def candidates_reference(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor) ->
 
 
 def tile_moments(rows: torch.Tensor, block_n: int, weight: torch.Tensor | None = None,
-                 chunk_tiles: int = 1 << 15) -> torch.Tensor:
+                 chunk_tiles: int = 1 << 16) -> torch.Tensor:
     """(tiles, d + 2) float64: each tile of ``block_n`` consecutive rows' weighted mean (d), weight
     and scatter ``sum w |x - mean|^2`` (mean 0 and scatter 0 where the weight is 0). Computed in
-    float64 over chunks of ``chunk_tiles`` tiles, so the temporary stays small."""
+    float64 over chunks of ``chunk_tiles`` tiles (reductions over a (tiles, block_n, d) view, no
+    atomics), so the temporary stays small."""
     n, d = rows.shape
     tiles = triton.cdiv(n, block_n)
     out = torch.zeros(tiles, d + 2, dtype=torch.float64, device=rows.device)
-    for t0 in range(0, tiles, chunk_tiles):
-        t1 = min(tiles, t0 + chunk_tiles)
-        r0, r1 = t0 * block_n, min(n, t1 * block_n)
-        x = rows[r0:r1].double()
-        w = torch.ones(r1 - r0, dtype=torch.float64, device=rows.device) if weight is None else weight[r0:r1].double()
-        tile = torch.arange(r1 - r0, device=rows.device) // block_n
-        total = torch.zeros(t1 - t0, dtype=torch.float64, device=rows.device).index_add_(0, tile, w)
-        sums = torch.zeros(t1 - t0, d, dtype=torch.float64, device=rows.device).index_add_(0, tile, x * w[:, None])
+
+    def fill(t0: int, x: torch.Tensor, w: torch.Tensor | None) -> None:
+        # x: (t, rows a tile, d) float64, w: (t, rows a tile) float64 or None (all 1).
+        total = torch.full(x.shape[:1], float(x.shape[1]), dtype=torch.float64, device=x.device) if w is None \
+            else w.sum(1)
+        sums = x.sum(1) if w is None else (x * w[:, :, None]).sum(1)
         mean = torch.where(total[:, None] > 0, sums / torch.where(total > 0, total, 1.0)[:, None], 0.0)
-        scatter = torch.zeros(t1 - t0, dtype=torch.float64, device=rows.device).index_add_(
-            0, tile, w * ((x - mean[tile]) ** 2).sum(1))
-        out[t0:t1, :d], out[t0:t1, d], out[t0:t1, d + 1] = mean, total, scatter
+        sq = ((x - mean[:, None, :]) ** 2).sum(2)
+        scatter = (sq if w is None else sq * w).sum(1)
+        out[t0:t0 + x.shape[0], :d], out[t0:t0 + x.shape[0], d], out[t0:t0 + x.shape[0], d + 1] = mean, total, scatter
+
+    whole = n // block_n
+    for t0 in range(0, whole, chunk_tiles):
+        t1 = min(whole, t0 + chunk_tiles)
+        x = rows[t0 * block_n:t1 * block_n].double().view(t1 - t0, block_n, d)
+        w = None if weight is None else weight[t0 * block_n:t1 * block_n].double().view(t1 - t0, block_n)
+        fill(t0, x, w)
+    if whole < tiles:  # the last, short tile
+        x = rows[whole * block_n:].double()[None]
+        fill(whole, x, None if weight is None else weight[whole * block_n:].double()[None])
     return out
 
 
@@ -590,7 +623,8 @@ class BoxEngine(ReplayedEngine):
         self.cand = torch.zeros(n_tiles, MAX_CANDIDATES, dtype=torch.int32, device=device)
         self.count = torch.zeros(n_tiles, dtype=torch.int32, device=device)
         self.work = torch.zeros(n_tiles, dtype=torch.int32, device=device)
-        self.sorted_labels = torch.zeros(n, dtype=torch.int32, device=device)
+        # The caller's labels (an engine taking over a fit: the previous pass's), in curve order.
+        self.sorted_labels = labels.index_select(0, order).to(torch.int32)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)

@@ -178,3 +178,38 @@ def test_tile_moments_match_direct_sums():
         mean = (xt * wt[:, None]).sum(0) / total if total > 0 else torch.zeros(3, dtype=torch.float64, device=DEVICE)
         scatter = (wt * ((xt - mean) ** 2).sum(1)).sum() if total > 0 else 0.0
         torch.testing.assert_close(got[t], torch.cat([mean, total.reshape(1), torch.as_tensor(scatter).reshape(1).to(got)]))
+
+
+@pytest.mark.parametrize("n,d,k", [(1000, 2, 7), (501, 3, 33), (390, 1, 100)])
+def test_tiles_of_known_labels_list_supersets_and_settle_exactly(n, d, k):
+    # Every tile has a label (the one its single candidate gives, else an arbitrary centroid): the
+    # candidates launch bounds each tile's reach by that label's box distance instead of a sweep.
+    # Lists may grow (never losing a true candidate); settled tiles are exactly the single ones
+    # whose label is right, and the pass over the rest gives the dense labels.
+    x, c = _rows(n, d, k, 7 * n + d)
+    xs, lo, hi, cand, count, _, _ = _sorted_tiles(x, c, 16)
+    exact = boxes.candidates_reference(lo, hi, c)
+    tiles = lo.shape[0]
+    single = count == 1
+    tile_label = torch.where(single, cand[:, 0], torch.arange(tiles, device=DEVICE).to(torch.int32) % k)
+    moments = boxes.tile_moments(xs, 16)
+    acc = torch.zeros(k * d + k, device=DEVICE)
+    part = torch.zeros(boxes.candidate_programs(tiles), device=DEVICE)
+    work = torch.full((tiles,), -1, dtype=torch.int32, device=DEVICE)
+    work_count = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    cand2, count2 = torch.full_like(cand, -1), torch.zeros_like(count)
+    boxes.candidates(lo, hi, c, cand2, count2, work, work_count, settle=(tile_label.clone(), moments, acc, part))
+    assert bool((count2 >= count).all())
+    for t in range(tiles):
+        if int(count2[t]) <= boxes.MAX_CANDIDATES:
+            assert set(exact[t].nonzero().flatten().tolist()) <= set(cand2[t, : int(count2[t])].tolist())
+    settled = single & (count2 == 1)
+    assert sorted(work[: int(work_count)].tolist()) == torch.nonzero(~settled).flatten().tolist()
+    dense = assign(xs, c)
+    labels = dense.labels.to(torch.int32).clone()
+    labels[~settled.repeat_interleave(16)[:n]] = -1
+    boxes.box_pass(xs, c, cand2, count2, work, work_count, labels, acc, torch.zeros(2, device=DEVICE),
+                   torch.zeros(2, dtype=torch.int64, device=DEVICE), _tallies(), block_n=16)
+    assert torch.equal(labels.long(), dense.labels.long())
+    counts = torch.bincount(dense.labels.long(), minlength=k).double()
+    torch.testing.assert_close(acc[k * d:].double(), counts)
