@@ -74,8 +74,9 @@ class KMeans(nn.Module):
             kept for study). For rows of at most 3 features, ``"pruned"`` instead sorts a float32
             copy of the rows once along a space-filling curve and searches each tile of 128 sorted
             rows over the few centroids that can be nearest to any point of the tile's bounding box
-            (same labels as the dense pass). Pruning needs the CUDA kernels; ``"auto"`` tries it for
-            d > 8 only. Elsewhere (and for ``"pruned"`` with 4 to 8 features, where the tiles' boxes
+            (same labels as the dense pass; a tile whose one candidate all its rows already hold
+            is not read again). Pruning needs the CUDA kernels; ``"auto"`` tries it for d > 8 and
+            d <= 3. Elsewhere (and for ``"pruned"`` with 4 to 8 features, where the tiles' boxes
             exclude few centroids) the dense loop runs, and ``history_`` says which pass ran.
         max_points_per_centroid: faiss's sub-sampling: with more than ``max_points_per_centroid *
             n_clusters`` rows, the Lloyd iterations run on a uniform sample of that many rows (faiss
