@@ -84,6 +84,25 @@ def test_pruning_stats_in_history(kernels):
     assert all(0.0 <= s.skipped <= s.skipped_bound <= 1.0 for s in tri.history_)
 
 
+def _dense_passes_cost_nothing(monkeypatch, patience: int) -> None:
+    """The hybrid is told that a dense pass costs nothing, so it judges pruned passes slower and,
+    after ``patience`` of them, hands the run back to the dense engine for good (a pass whose
+    skipped fraction still rose by more than the plateau would not count)."""
+    from torchkm import _loop
+
+    monkeypatch.setattr(_loop._Hybrid, "patience", patience)
+    monkeypatch.setattr(_loop._Hybrid, "plateau", 2.0)
+    real_after = _loop._Hybrid.after
+
+    def after(self, stats, how, seconds, host_seconds):
+        switch = real_after(self, stats, how, seconds, host_seconds)
+        if self.dense_seconds is not None:
+            self.dense_seconds = 0.0
+        return switch
+
+    monkeypatch.setattr(_loop._Hybrid, "after", after)
+
+
 def test_auto_keeps_small_problems_dense_and_matches(kernels):
     x = _seed000(300, 17, 8, 0.05, 0)
     kw = {"init": "random", "random_state": 0, "tol": 0.0}
@@ -114,17 +133,7 @@ def test_auto_starts_dense_tries_pruned_then_falls_back_when_slower(kernels, mon
     assert max(h.skipped_bound for h in got.history[dense + 1:]) > 0.5
     # Told that a dense pass costs nothing, the hybrid hands the run back to the dense engine for
     # good (a pass whose skipped fraction still rose by more than the plateau would not count).
-    monkeypatch.setattr(_loop._Hybrid, "patience", 2)
-    monkeypatch.setattr(_loop._Hybrid, "plateau", 2.0)
-    real_after = _loop._Hybrid.after
-
-    def after(self, stats, how, seconds, host_seconds):
-        switch = real_after(self, stats, how, seconds, host_seconds)
-        if self.dense_seconds is not None:
-            self.dense_seconds = 0.0
-        return switch
-
-    monkeypatch.setattr(_loop._Hybrid, "after", after)
+    _dense_passes_cost_nothing(monkeypatch, patience=2)
     x = _seed000(640, 17, 16, 0.3, 1)  # overlapping clusters: a fit long enough to switch twice
     got = torchkm.fit(x, 16, algorithm="auto", **kw)
     _same_fit(got, torchkm.fit(x, 16, **kw))
@@ -181,17 +190,7 @@ def test_auto_tries_the_box_engine_at_small_d_and_hands_back(kernels, monkeypatc
     assert kernels_run[0] == "lloyd" and "pruned" in kernels_run
     assert kernels_run == sorted(kernels_run)  # lloyd, then pruned for good
     # Judged slower at once: the dense engine takes the run back from the box engine's labels.
-    monkeypatch.setattr(_loop._Hybrid, "patience", 1)
-    monkeypatch.setattr(_loop._Hybrid, "plateau", 2.0)
-    real_after = _loop._Hybrid.after
-
-    def after(self, stats, how, seconds, host_seconds):
-        switch = real_after(self, stats, how, seconds, host_seconds)
-        if self.dense_seconds is not None:
-            self.dense_seconds = 0.0
-        return switch
-
-    monkeypatch.setattr(_loop._Hybrid, "after", after)
+    _dense_passes_cost_nothing(monkeypatch, patience=1)
     got = torchkm.fit(x, 12, algorithm="auto", **kw)
     _same_fit(got, ref)
     kernels_run = [h.kernel for h in got.history]
