@@ -230,12 +230,10 @@ def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, work_ptr, wor
         first = tl.full((TB,), k, tl.int32)
         for j0 in range(0, k, KC):
             cols = j0 + chunk
-            near = _box_near(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC)
-            take = (near <= limit[:, None]) & tile_mask[:, None]
-            slot = count[:, None] + tl.cumsum(take.to(tl.int32), axis=1) - 1
-            tl.store(cand_ptr + tiles[:, None] * MAXC + slot, cols[None, :], mask=take & (slot < MAXC))
+            take = _box_near(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC) <= limit[:, None]
             count += tl.sum(take.to(tl.int32), axis=1)
             first = tl.minimum(first, tl.min(tl.where(take, cols[None, :], k), axis=1))
+        count = tl.where(tile_mask, count, 0)
         tl.store(count_ptr + tiles, count, mask=tile_mask)
         work = tile_mask
         if SETTLE:
@@ -255,21 +253,43 @@ def _candidates_kernel(lo_ptr, hi_ptr, c_ptr, cand_ptr, count_ptr, work_ptr, wor
                 spread += diff * diff
             inertia = tl.where(settled, tl.load(row + d + 1, mask=settled, other=0.0) + weight * spread, 0.0)
             tl.store(part_inertia_ptr + tl.program_id(0), tl.sum(inertia, axis=0).to(tl.float32))
-            # The settled tiles' sums, per chunk of centroids between the least and greatest label.
+            # The settled tiles' sums. Consecutive tiles lie together along the curve, so a
+            # program's settled tiles mostly share one label: then one sum a feature, else
+            # per chunk of centroids between the least and greatest label.
             lowest = tl.min(tl.where(settled, first, k), axis=0)
             highest = tl.max(tl.where(settled, first, -1), axis=0)
-            for j0 in range((lowest // KC) * KC, highest + 1, KC):
-                cols = j0 + chunk
-                hit = settled[:, None] & (first[:, None] == cols[None, :])
-                present = tl.sum(hit.to(tl.int32), axis=0) > 0
-                tl.atomic_add(acc_ptr + k * d + cols, tl.sum(tl.where(hit, weight[:, None], 0.0), axis=0).to(tl.float32),
-                              mask=present, sem="relaxed")
+            if lowest == highest:
+                tl.atomic_add(acc_ptr + k * d + lowest, tl.sum(weight, axis=0).to(tl.float32), sem="relaxed")
                 for i in range(d):
                     wx = weight * tl.load(row + i, mask=settled, other=0.0)
-                    tl.atomic_add(acc_ptr + cols * d + i, tl.sum(tl.where(hit, wx[:, None], 0.0), axis=0).to(tl.float32),
+                    tl.atomic_add(acc_ptr + lowest * d + i, tl.sum(wx, axis=0).to(tl.float32), sem="relaxed")
+            elif lowest < highest:
+                weight32 = weight.to(tl.float32)
+                for j0 in range((lowest // KC) * KC, highest + 1, KC):
+                    cols = j0 + chunk
+                    hit = settled[:, None] & (first[:, None] == cols[None, :])
+                    present = tl.sum(hit.to(tl.int32), axis=0) > 0
+                    tl.atomic_add(acc_ptr + k * d + cols, tl.sum(tl.where(hit, weight32[:, None], 0.0), axis=0),
                                   mask=present, sem="relaxed")
+                    for i in range(d):
+                        wx = (weight * tl.load(row + i, mask=settled, other=0.0)).to(tl.float32)
+                        tl.atomic_add(acc_ptr + cols * d + i, tl.sum(tl.where(hit, wx[:, None], 0.0), axis=0),
+                                      mask=present, sem="relaxed")
         else:
             tl.store(part_inertia_ptr + tl.program_id(0), 0.0)
+        # Lists, for the tiles the pass will search only: one candidate is the list's head; longer
+        # lists take a second sweep (in increasing centroid order, cut at MAXC).
+        tl.store(cand_ptr + tiles * MAXC, first, mask=work)
+        longer = work & (count > 1)
+        if tl.max(longer.to(tl.int32), axis=0) > 0:
+            filled = tl.zeros((TB,), tl.int32)
+            for j0 in range(0, k, KC):
+                cols = j0 + chunk
+                take = (_box_near(lo_ptr, hi_ptr, tiles, tile_mask, c_ptr, cols, cols < k, d, TB, KC)
+                        <= limit[:, None]) & longer[:, None]
+                slot = filled[:, None] + tl.cumsum(take.to(tl.int32), axis=1) - 1
+                tl.store(cand_ptr + tiles[:, None] * MAXC + slot, cols[None, :], mask=take & (slot < MAXC))
+                filled += tl.sum(take.to(tl.int32), axis=1)
         # The other tiles go on the pass's work list (in no particular order).
         listed = tl.sum(work.to(tl.int32), axis=0)
         if listed > 0:
@@ -297,10 +317,10 @@ def candidates(lo: torch.Tensor, hi: torch.Tensor, c: torch.Tensor, cand: torch.
                work: torch.Tensor, work_count: torch.Tensor, *, settle: tuple[torch.Tensor, torch.Tensor,
                                                                                torch.Tensor, torch.Tensor] | None = None,
                control: torch.Tensor | None = None, stats_prev: torch.Tensor | None = None, tol: float = 0.0) -> None:
-    """Each tile's candidate centroids into ``cand`` (tiles, MAX_CANDIDATES) int32, in increasing
-    order, and their number into ``count`` (tiles,) int32 (past MAX_CANDIDATES the list is cut and
-    the tile searches every centroid). The tiles the pass must search go to ``work`` (tiles,) int32,
-    their number added to ``work_count`` (one int32, zero on entry).
+    """Each tile's number of candidate centroids into ``count`` (tiles,) int32, and the tiles the
+    pass must search into ``work`` (tiles,) int32, their number added to ``work_count`` (one int32,
+    zero on entry). For those tiles, their candidates go to ``cand`` (tiles, MAX_CANDIDATES) int32
+    in increasing order (past MAX_CANDIDATES the list is cut and the tile searches every centroid).
 
     ``settle``: ``(tile_label, moments, acc, part_inertia)``. ``tile_label`` (tiles,) int32 is the
     label every row of a tile holds, or -1 (not known or mixed); ``moments`` (tiles, d + 2) float64
