@@ -11,6 +11,37 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _position_independent_interpreter_dot() -> None:
+    """Under the interpreter, ``tl.dot`` of floats is numpy's ``matmul`` in the accumulator's dtype.
+    Some CPUs' OpenBLAS float32 kernels round a product column differently by its position in
+    the matrix (on an AMD EPYC with OpenBLAS 0.3.31, one centroid stored at indices 3 and 100
+    gave 20 of 64 rows different float32 products), so exact ties between identical centroids,
+    which a GPU tile computes with one instruction sequence for every column, stop being ties.
+    Products of float32 (or narrower) values are exact in float64: summing there and rounding
+    once gives every position the same result."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    except ImportError:
+        return
+    original = InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        # float32 / float16 operands only (the interpreter keeps bfloat16 as uint16 bits).
+        floats = a.data.dtype in (np.float32, np.float16) and b.data.dtype in (np.float32, np.float16) \
+            and d.data.dtype in (np.float32, np.float16)
+        if not floats:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)).astype(d.data.dtype)
+        return TensorHandle(acc + d.data, d.dtype.scalar)
+
+    InterpreterBuilder.create_dot = create_dot
+
+
+_position_independent_interpreter_dot()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_assign_passes():
     """``assign`` keeps a pass per shape between calls: a test that patches the kernel modules must
