@@ -293,3 +293,82 @@ def test_hybrid_decision_rules():
     assert _pass(hybrid, "replay", 1.7, skipped=0.2) is None
     assert _pass(hybrid, "replay", 1.7, skipped=0.4) is None
     assert _pass(hybrid, "replay", 1.2, skipped=0.6) == "lloyd" and hybrid.slow == 0
+
+
+def _dense(hybrid, iteration, shift, seconds=None, how="replay", host=None):
+    from torchkm import _loop
+
+    stats = _loop.IterationStats(iteration, 0.0, shift, 1, 0, 0.001, "lloyd")
+    return hybrid.after(stats, how, seconds, host)
+
+
+def test_hybrid_projects_the_fits_remaining_iterations():
+    """The projection behind the box trial's early start: the last ``window`` shifts' geometric
+    decay down to tol, never more than as many iterations as have run (that many where the shifts
+    do not decay), never past max_iter."""
+    from torchkm import _loop
+    from torchkm._reference import DataView
+
+    data = DataView(torch.zeros(4096, 2), torch.float32)
+    hybrid = _loop._Hybrid(data, 1024, tol=2.0**-20, max_iter=300)
+    assert hybrid.box and hybrid.remaining_iterations(0) == 0.0
+    for i in range(10):
+        hybrid._shifts.append(2.0**-i)
+        if i < 2:
+            assert hybrid.remaining_iterations(i + 1) == 0.0  # fewer than three shifts
+    assert hybrid.remaining_iterations(20) == 11.0  # halving from 2^-9 down to 2^-20
+    assert hybrid.remaining_iterations(10) == 10.0  # at most as many as have run
+    assert _loop._Hybrid(data, 1024, tol=2.0**-20, max_iter=15).remaining_iterations(10) == 0.0
+    hybrid.max_iter = 15
+    assert hybrid.remaining_iterations(10) == 5.0
+    hybrid.max_iter = 300
+    hybrid._shifts += [2.0**-9] * 8  # a plateau
+    assert hybrid.remaining_iterations(18) == 18.0
+    hybrid.tol = 0.0  # strict convergence only: no level to project down to
+    hybrid._shifts = [2.0**-i for i in range(10)]
+    assert hybrid.remaining_iterations(10) == 10.0
+    hybrid.tol = 1.0
+    assert hybrid.remaining_iterations(10) == 0.0  # already below tol
+
+
+def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_up(monkeypatch):
+    """At d <= 3 the trial's cost includes the box engine's set-up, and the trial starts as soon
+    as the dense passes projected to remain cost ``payback`` times the trial (long before the
+    ``trial_share`` rule would); dense blocks are cut short once that is near. The bounds engine
+    (d > 8) is not started early."""
+    from torchkm import _loop
+    from torchkm._reference import DataView
+
+    asked = []
+    monkeypatch.setattr(_loop._ops, "box_setup_seconds", lambda data: asked.append(data.n_samples) or 2.0)
+    data = DataView(torch.zeros(4096, 2), torch.float32)
+    hybrid = _loop._Hybrid(data, 1024, tol=2.0**-30, max_iter=300)
+    hybrid.done = False
+    assert _dense(hybrid, 1, 1.0, how="initial") is None
+    assert _dense(hybrid, 2, 0.5, 1.0, how="capture", host=0.1) is None  # trial: 0.3 s of host passes
+    assert hybrid.dense_seconds == 1.0 and hybrid.trial_cost == pytest.approx(0.3)
+    assert not asked and not hybrid.near and hybrid.max_block(8) == 8
+    # Halving shifts project 28 more passes down to 2^-30, capped at the 3 run so far: 3 s, at
+    # least 2 x 0.3 s, so the set-up is measured (2 s); under 2 x 2.3 s, no trial yet, but near,
+    # and a pass outlasts its host work: blocks of patience + 1.
+    assert _dense(hybrid, 3, 0.25) is None
+    assert asked == [4096] and hybrid.setup_seconds() == 2.0 and hybrid.near and hybrid.max_block(8) == 4
+    assert _dense(hybrid, 4, 0.125) is None  # 4 s
+    assert _dense(hybrid, 5, 0.0625) == "pruned" and hybrid.trying and hybrid.max_block(8) == 8  # 5 s >= 4.6 s
+    assert asked == [4096] and hybrid.budget == pytest.approx(hybrid.spent * hybrid.trial_share)
+    # Where a pass is shorter than the host's work per iteration, blocks stay long.
+    quick = _loop._Hybrid(data, 1024, tol=2.0**-30, max_iter=300)
+    quick.done = False
+    _dense(quick, 1, 1.0, how="initial")
+    _dense(quick, 2, 0.5, 0.5, how="capture", host=1.0)
+    for i in range(3, 8):
+        assert _dense(quick, i, 2.0 ** (1 - i)) is None
+    assert quick.near and quick.max_block(8) == 8  # 7 passes projected, 3.5 s >= 3 s
+    # The bounds engine's hybrid never projects: its trial waits for trial_share.
+    bounds = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024, tol=2.0**-30, max_iter=300)
+    bounds.done = False
+    _dense(bounds, 1, 1.0, how="initial")
+    _dense(bounds, 2, 0.5, 0.1, how="capture", host=0.1)
+    for i in range(3, 20):
+        assert _dense(bounds, i, 2.0**-i) is None
+    assert not bounds.near and bounds.setup_seconds() == 0.0 and asked == [4096]

@@ -7,6 +7,7 @@ init -> (assign -> update -> fix empty clusters -> stats -> converged?)* -> fina
 from __future__ import annotations
 
 import logging
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -241,8 +242,16 @@ class _Hybrid:
     have cost more than the dense reference by ``trial_share`` of the time spent before the trial
     (rising or not: settling in too slowly does not pay either), the dense engine, kept from the
     start, finishes the run (like seed 000's, the decision is final). Problems too small for the
-    choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense;
-    at d <= 3 the trial runs the box engine (``torchkm._kernels.boxes``), judged the same way.
+    choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense.
+
+    At d <= 3 the trial runs the box engine (``torchkm._kernels.boxes``), judged the same way. Its
+    cost is mostly a once-per-fit set-up (a sort of the rows: about 10 dense passes at 100M x 2,
+    k = 32), measured on the running device (``torchkm._kernels.boxes.setup_seconds``) and added
+    to the trial's estimate; and since its passes cost a fraction of a dense one from the first
+    (nothing to settle in), it pays back in proportion to how long the fit has left to run. So the
+    box trial also starts as soon as the dense passes the fit is projected to still run cost
+    ``payback`` times the trial: projected from the recent centre shifts' geometric decay down to
+    ``tol``, at most as many iterations as have run (``remaining_iterations``).
     """
 
     patience = 3
@@ -250,9 +259,20 @@ class _Hybrid:
     trial_share = 0.05
     trial_passes = 3  # the trial's host-bound passes: the full pass, the first settle pass, the capture
     min_work = 1 << 24  # n * k * d below which a whole fit is a few milliseconds of launches
+    payback = 2.0  # the box trial starts once the dense passes projected to remain cost this many trials
+    window = 8  # the recent dense iterations whose shifts project the fit's length
 
-    def __init__(self, data: DataView, k: int):
+    def __init__(self, data: DataView, k: int, tol: float = -1.0, max_iter: int | None = None):
         self.enabled = _ops.pruned_supported(data) and data.n_samples * k * data.n_features >= self.min_work
+        self.box = data.n_features <= _ops.BOX_MAX_D
+        self.data = data
+        self.tol = tol
+        self.max_iter = max_iter
+        self._shifts: list[float] = []
+        self._setup: float | None = None
+        # Whether a box trial may start within a few iterations: dense blocks are then cut short
+        # (``max_block``), so that the switch does not wait for the rest of a long block.
+        self.near = False
         self.done = not self.enabled
         self.trying = False
         self.slow = 0
@@ -271,6 +291,42 @@ class _Hybrid:
             return None
         return self.trial_passes * sum(self._host_costs) / len(self._host_costs)
 
+    def max_block(self, block: int) -> int:
+        """The dense engine's next block: at most ``patience + 1`` passes while a box trial is near
+        and a dense pass takes longer on the device than an iteration's launches on the host."""
+        # Only where a pass outlasts the host's work per iteration: there the extra syncs are free.
+        device_bound = self.dense_seconds is not None and bool(self._host_costs) and \
+            self.dense_seconds >= sum(self._host_costs) / len(self._host_costs)
+        shorten = self.near and device_bound and not (self.trying or self.done)
+        return min(block, self.patience + 1) if shorten else block
+
+    def setup_seconds(self) -> float:
+        """Estimated seconds of the pruned engine's set-up: the box engine's sort of the rows
+        (measured on the device when first asked), none for the bounds engine (whose full pass is
+        one of ``trial_passes``)."""
+        if self._setup is None:
+            self._setup = _ops.box_setup_seconds(self.data) if self.box else 0.0
+        return self._setup
+
+    def remaining_iterations(self, iteration: int) -> float:
+        """Dense iterations the fit is projected to still run after ``iteration``: the decay of the
+        last ``window`` centre shifts, taken as geometric, extrapolated down to ``tol``, but never
+        more than ``iteration`` (a fit is taken to be at most half done: slowly decaying shifts
+        project hundreds of iterations where the labels stop changing much sooner; at 1M x 2,
+        k = 32 that started a trial which cost 1.6x the dense fit). Where the shifts do not decay
+        (or ``tol`` is 0), ``iteration``. At most ``max_iter`` in all; 0 before three shifts."""
+        shifts = self._shifts[-self.window:]
+        left = math.inf if self.max_iter is None else max(0, self.max_iter - iteration)
+        if len(shifts) < 3:
+            return 0.0
+        first, last = shifts[0], shifts[-1]
+        if last <= max(self.tol, 0.0):
+            return 0.0
+        ratio = (last / first) ** (1.0 / (len(shifts) - 1)) if first > 0 else 1.0
+        if self.tol <= 0 or ratio >= 1.0:
+            return float(min(left, iteration))
+        return float(min(left, iteration, math.ceil(math.log(self.tol / last) / math.log(ratio))))
+
     def after(self, stats: IterationStats, how: str, seconds: float | None, host_seconds: float | None) -> str | None:
         """Record an iteration (``how`` it ran, its ``seconds`` on the device and the ``host_seconds``
         it cost the host, None where not measured); returns the engine to run from the next block on:
@@ -280,18 +336,28 @@ class _Hybrid:
         timed = seconds is not None and how in ("replay", "capture", "eager")
         if not self.trying:
             self.spent += stats.seconds
+            self._shifts.append(stats.center_shift)
             if timed:
                 self.dense_seconds = seconds if self.dense_seconds is None else min(self.dense_seconds, seconds)
             if how in ("eager", "capture") and host_seconds is not None:
                 self._host_costs.append(host_seconds)
             cost = self.trial_cost
-            if self.dense_seconds is not None and cost is not None and self.spent * self.trial_share >= cost:
-                self.trying = True
-                self.budget = self.spent * self.trial_share
-                logger.info("auto: trying pruned passes after %d dense iterations (%.3g ms each; trial cost about %.3g ms)",
-                            stats.iteration, self.dense_seconds * 1e3, cost * 1e3)
-                return "pruned"
-            return None
+            if self.dense_seconds is None or cost is None:
+                return None
+            remaining = self.remaining_iterations(stats.iteration) * self.dense_seconds if self.box else 0.0
+            self.near = remaining >= cost + (self._setup or 0.0)
+            # The cheap test first: the set-up's estimate may take a measurement.
+            if self.spent * self.trial_share < cost and remaining < self.payback * cost:
+                return None
+            cost += self.setup_seconds()
+            if self.spent * self.trial_share < cost and remaining < self.payback * cost:
+                return None
+            self.trying = True
+            self.budget = self.spent * self.trial_share
+            logger.info("auto: trying %s passes after %d dense iterations (%.3g ms each, %.3g ms more projected; trial "
+                        "cost about %.3g ms)", "box engine" if self.box else "pruned", stats.iteration,
+                        self.dense_seconds * 1e3, remaining * 1e3, cost * 1e3)
+            return "pruned"
         if not timed or stats.kernel != "pruned" or self.dense_seconds is None:
             return None
         self.judged += 1
@@ -363,7 +429,7 @@ def lloyd(
         logger.info("algorithm='pruned' needs d > 8 (the bounds engine) or d <= %d (the box engine); running dense "
                     "Lloyd", _ops.BOX_MAX_D)
     elif algorithm == "auto":
-        hybrid = _Hybrid(data, c.shape[0])
+        hybrid = _Hybrid(data, c.shape[0], tol, max_iter)
     else:
         kind = algorithm
     if kernels:
@@ -398,7 +464,7 @@ def lloyd(
                 engine.iterate(has_prev=it > 0)
                 rows = engine.read(1)
             else:
-                block = min(engine.block, max_iter - it)
+                block = min(engine.block if hybrid is None else hybrid.max_block(engine.block), max_iter - it)
                 engine.run_block(block)
                 rows = engine.read(block)
             # Pruned engines describe their passes; the hybrid reads how each pass ran and its time.

@@ -265,6 +265,14 @@ def pruned_supported(data: DataView) -> bool:
     return bounds_supported(data) or (uses_kernels(data) and data.n_features <= BOX_MAX_D)
 
 
+def box_setup_seconds(data: DataView) -> float:
+    """Estimated seconds of the box engine's once-per-fit set-up for ``data`` (measured on its
+    device the first time it is asked, see ``torchkm._kernels.boxes.setup_seconds``)."""
+    from ._kernels.boxes import setup_seconds
+
+    return setup_seconds(data.n_samples, data.n_features, data.device)
+
+
 def bounds_supported(data: DataView) -> bool:
     """Whether the bounds engine serves this data: the kernels, and d above the small-d kernel's range
     (it needs the tensor-core pass's best two candidates)."""

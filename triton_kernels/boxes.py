@@ -27,7 +27,10 @@ them in the caller's order.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
+import time
 
 import torch
 import triton
@@ -39,7 +42,7 @@ from .lloyd import ReplayedEngine, device_tol, launch_key
 from .prune import PassInfo, distance_margin
 
 __all__ = ["BoxEngine", "box_launch", "box_pass", "candidate_programs", "candidates", "candidates_reference",
-           "curve_keys", "curve_keys_reference", "tile_boxes", "tile_moments"]
+           "curve_keys", "curve_keys_reference", "setup_seconds", "tile_boxes", "tile_moments"]
 
 MAX_D = 8
 # Candidate slots per tile: a tile with more candidates searches every centroid.
@@ -729,3 +732,50 @@ class BoxEngine(ReplayedEngine):
         self.info = self.infos[-1] if self.infos else None
         return [row[:4] for row in values]
 
+
+
+# ----------------------------------------------------------------------------------------------
+# What the set-up costs (for a caller deciding whether to build an engine).
+
+# Rows of the two synthetic set-ups timed: one small enough to be all fixed cost (launches and
+# host work), one large enough for the device's per-row work to outlast the host's. Below about
+# 10M rows the device works while the host still launches, so the set-up is not fixed + per-row
+# cost: with 2^22 and 2^23 rows a line through the two estimated 14.1 and 5.4 ms for 100M x 2,
+# whose set-up took 18.7 ms on an H200.
+PROBE_ROWS = (1 << 12, 1 << 24)
+
+
+@functools.lru_cache(maxsize=None)
+def _setup_line(device: torch.device, d: int) -> tuple[float, float]:
+    """(seconds, seconds per row) of ``BoxEngine``'s set-up on ``device`` for ``d`` features,
+    measured once per process: the fastest of a few set-ups of uniform rows at each size of
+    ``PROBE_ROWS`` (the first run compiles): the small one's time, the large one's per row."""
+    g = torch.Generator(device=device).manual_seed(0)
+    times = []
+    for rows in PROBE_ROWS:
+        x = torch.rand(rows, d, device=device, generator=g)
+        c = x[:8].clone()
+        labels = torch.zeros(rows, dtype=torch.int32, device=device)
+        offset = torch.zeros(d, device=device)  # a fit's rows are centred: the kernels it will run
+        best = math.inf
+        for _ in range(3 if rows == PROBE_ROWS[0] else 2):
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            BoxEngine(x, c, labels, offset=offset, row_scale=None, sample_weight=None, normalize=False, tol=0.0)
+            torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        times.append(best)
+        del x, c, labels
+    return times[0], times[1] / PROBE_ROWS[1]
+
+
+def setup_seconds(n: int, d: int, device: torch.device) -> float:
+    """Estimated seconds of ``BoxEngine``'s once-per-fit set-up (curve order, sorted copy, tile
+    boxes and moments) for ``n`` rows of ``d`` features on ``device``: measured on that device the
+    first time it is asked (about 20 ms, see ``_setup_line``), then the larger of the fixed cost
+    and the per-row cost times ``n``. Off CUDA (the interpreter) nothing is measured: 0."""
+    if device.type != "cuda":
+        return 0.0
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    fixed, per_row = _setup_line(device, d)
+    return max(fixed, per_row * n)

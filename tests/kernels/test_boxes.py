@@ -213,3 +213,16 @@ def test_tiles_of_known_labels_list_supersets_and_settle_exactly(n, d, k):
     assert torch.equal(labels.long(), dense.labels.long())
     counts = torch.bincount(dense.labels.long(), minlength=k).double()
     torch.testing.assert_close(acc[k * d:].double(), counts)
+
+
+def test_setup_seconds_is_measured_once_on_cuda_and_zero_elsewhere():
+    """The set-up estimate the hybrid adds to a box trial: off CUDA nothing to measure (0); on
+    CUDA a line measured once per device and width, positive and growing with the rows."""
+    assert boxes.setup_seconds(10**8, 2, torch.device("cpu")) == 0.0
+    if DEVICE != "cuda":
+        return
+    device = torch.device(DEVICE)
+    small, large = boxes.setup_seconds(10**4, 2, device), boxes.setup_seconds(10**8, 2, device)
+    assert 0.0 < small < large
+    assert boxes._setup_line.cache_info().currsize >= 1
+    assert boxes.setup_seconds(10**8, 2, device) == large  # the line is not measured again
