@@ -1,7 +1,7 @@
 """Where the box engine's once-per-fit set-up spends its time, and when ``auto`` hands a fit to it.
 
 For each size: seed 000's generator (k centres in the unit square, sigma^2 = 0.05), the set-up's
-steps timed one by one on the GPU (synchronised, median of 3), the dense pass's GPU time for
+steps timed one by one on the GPU (the unfused ones as the engine ran them before ``sorted_tiles``, and that) (synchronised, median of 3), the dense pass's GPU time for
 scale, the set-up's estimate (``boxes.setup_seconds``), then fits from the same k-means++ start with ``algorithm="lloyd"``, ``"pruned"`` and
 ``"auto"`` (wall time, iterations, and for ``auto`` the iteration each engine started at).
 
@@ -23,12 +23,14 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from bench_lloyd import centred_view, default_tol  # noqa: E402
 from bench_prune import seed000_data  # noqa: E402
+from torchkm._kernels import boxes  # noqa: E402
 from torchkm._kernels.boxes import (  # noqa: E402
     BoxEngine,
     _key_grid,
     box_launch,
     curve_keys,
     setup_seconds,
+    sorted_tiles,
     tile_boxes,
     tile_moments,
 )
@@ -48,7 +50,7 @@ def timed(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def setup_steps(x: torch.Tensor, offset: torch.Tensor, c0: torch.Tensor) -> dict[str, float]:
+def setup_steps(x: torch.Tensor, offset: torch.Tensor, c0: torch.Tensor, variants: bool = False) -> dict[str, float]:
     n = x.shape[0]
     out = {"key_grid": timed(lambda: _key_grid(x, offset, None))}
     out["curve_keys"] = timed(lambda: curve_keys(x, offset))
@@ -62,6 +64,20 @@ def setup_steps(x: torch.Tensor, offset: torch.Tensor, c0: torch.Tensor) -> dict
     out["tile_moments"] = timed(lambda: tile_moments(rows, block_n))
     labels = torch.zeros(n, dtype=torch.int32, device=x.device)
     out["gather_labels"] = timed(lambda: labels.index_select(0, order))
+    order32 = order.to(torch.int32)
+    out["sorted_tiles"] = timed(lambda: sorted_tiles(x, order32, block_n, offset=offset, labels=labels))
+    if variants:
+        default_keys, default_warps = boxes.CURVE_KEYS_LAUNCH, boxes.SORTED_TILES_WARPS
+        try:
+            for launch in ((256, 2), (1024, 4), (1024, 8), (2048, 8)):
+                boxes.CURVE_KEYS_LAUNCH = launch
+                out[f"curve_keys {launch}"] = timed(lambda: curve_keys(x, offset))
+            for warps in (1, 2, 8):
+                boxes.SORTED_TILES_WARPS = warps
+                out[f"sorted_tiles warps={warps}"] = timed(
+                    lambda: sorted_tiles(x, order32, block_n, offset=offset, labels=labels))
+        finally:
+            boxes.CURVE_KEYS_LAUNCH, boxes.SORTED_TILES_WARPS = default_keys, default_warps
     out["engine_total"] = timed(lambda: BoxEngine(x, c0 - offset, labels, offset=offset, row_scale=None,
                                                   sample_weight=None, normalize=False, tol=-1.0))
     t0 = time.perf_counter()
@@ -94,6 +110,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--d", type=int, default=2)
     parser.add_argument("--max-iter", type=int, default=300)
+    parser.add_argument("--variants", action="store_true", help="time other launches of the two set-up kernels")
+    parser.add_argument("--no-fits", action="store_true")
     parser.add_argument("--log", action="store_true", help="torchkm's DEBUG log (the hybrid's decisions)")
     args = parser.parse_args()
     if args.log:
@@ -105,9 +123,10 @@ def main() -> None:
         data, offset = centred_view(x)
         c0 = kmeans_plusplus(data, args.k, torch.Generator().manual_seed(0)) + offset
         print(f"{n} x {args.d}, k = {args.k}", flush=True)
-        res = {"setup_ms": setup_steps(x, offset, c0)}
+        res = {"setup_ms": setup_steps(x, offset, c0, args.variants)}
         print("  set-up ms:", {a: round(b, 3) for a, b in res["setup_ms"].items()}, flush=True)
-        res["fits"] = fits(x, c0, args.max_iter)
+        if not args.no_fits:
+            res["fits"] = fits(x, c0, args.max_iter)
         results[f"{n}x{args.d}x{args.k}"] = res
         del x
         torch.cuda.empty_cache()

@@ -42,7 +42,7 @@ from .lloyd import ReplayedEngine, device_tol, launch_key
 from .prune import PassInfo, distance_margin
 
 __all__ = ["BoxEngine", "box_launch", "box_pass", "candidate_programs", "candidates", "candidates_reference",
-           "curve_keys", "curve_keys_reference", "setup_seconds", "tile_boxes", "tile_moments"]
+           "curve_keys", "curve_keys_reference", "setup_seconds", "sorted_tiles", "tile_boxes", "tile_moments"]
 
 MAX_D = 8
 # Candidate slots per tile: a tile with more candidates searches every centroid.
@@ -104,6 +104,12 @@ def _key_grid(x: torch.Tensor, offset: torch.Tensor | None, row_scale: torch.Ten
     return lo.contiguous(), inv.contiguous()
 
 
+# (rows per program, warps) of ``curve_keys`` and warps of ``sorted_tiles``; module constants so
+# that scripts/diag_box_setup.py can time others.
+CURVE_KEYS_LAUNCH = (256, 4)
+SORTED_TILES_WARPS = 4
+
+
 def curve_keys(x: torch.Tensor, offset: torch.Tensor | None = None, row_scale: torch.Tensor | None = None,
                lo: torch.Tensor | None = None, inv: torch.Tensor | None = None) -> torch.Tensor:
     """int32 Z-order keys of the transformed rows ``(x - offset) * row_scale`` (d <= 8) on a grid
@@ -116,12 +122,12 @@ def curve_keys(x: torch.Tensor, offset: torch.Tensor | None = None, row_scale: t
     keys = torch.empty(n, dtype=torch.int32, device=x.device)
     if n == 0:
         return keys
-    block = 256
+    block, warps = CURVE_KEYS_LAUNCH
     launcher(_curve_keys_kernel)[(triton.cdiv(n, block),)](
         x, unused(x.device) if offset is None else offset, unused(x.device) if row_scale is None else row_scale,
         lo, inv, keys, n, d, x.stride(0), x.stride(1),
         BLOCK=block, DP=triton.next_power_of_2(d), BITS=key_bits_per_feature(d),
-        HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
+        HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None, num_warps=warps,
     )
     return keys
 
@@ -151,6 +157,85 @@ def tile_boxes(rows: torch.Tensor, block_n: int) -> tuple[torch.Tensor, torch.Te
     if whole < tiles:
         lo[whole], hi[whole] = torch.aminmax(rows[whole * block_n:], dim=0)
     return lo, hi
+
+
+@triton.jit
+def _sorted_tiles_kernel(x_ptr, order_ptr, offset_ptr, scale_ptr, w_ptr, labels_ptr,
+                         rows_ptr, w_out_ptr, labels_out_ptr, lo_ptr, hi_ptr, moments_ptr,
+                         n, d, stride_xn, stride_xd,
+                         BLOCK_N: tl.constexpr, DP: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                         HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_LABELS: tl.constexpr):
+    tile = tl.program_id(0).to(tl.int64)
+    pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = pos < n
+    src = tl.load(order_ptr + pos, mask=row_mask, other=0).to(tl.int64)
+    dims = tl.arange(0, DP)
+    dim_mask = dims < d
+    mask = row_mask[:, None] & dim_mask[None, :]
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + src, mask=row_mask, other=1.0)
+    else:
+        scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+    xr = transform_rows(
+        tl.load(x_ptr + src[:, None] * stride_xn + dims[None, :] * stride_xd, mask=mask, other=0.0),
+        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
+    tl.store(rows_ptr + pos[:, None] * d + dims[None, :], xr, mask=mask)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + src, mask=row_mask, other=0.0).to(tl.float32)
+        tl.store(w_out_ptr + pos, w, mask=row_mask)
+    else:
+        w = row_mask.to(tl.float32)
+    if HAS_LABELS:
+        tl.store(labels_out_ptr + pos, tl.load(labels_ptr + src, mask=row_mask, other=0).to(tl.int32), mask=row_mask)
+    # The box spans every row of the tile, weighted or not (a row of no weight still gets a label).
+    tl.store(lo_ptr + tile * d + dims, tl.min(tl.where(mask, xr, float("inf")), axis=0), mask=dim_mask)
+    tl.store(hi_ptr + tile * d + dims, tl.max(tl.where(mask, xr, float("-inf")), axis=0), mask=dim_mask)
+    x64 = xr.to(tl.float64)
+    w64 = w.to(tl.float64)
+    total = tl.sum(w64, axis=0)
+    mean = tl.sum(x64 * w64[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    diff = tl.where(mask, x64 - mean[None, :], 0.0)
+    scatter = tl.sum(tl.sum(diff * diff, axis=1) * w64, axis=0)
+    out = moments_ptr + tile * (d + 2)
+    tl.store(out + dims, mean, mask=dim_mask)
+    tl.store(out + d, total)
+    tl.store(out + d + 1, scatter)
+
+
+
+
+def sorted_tiles(x: torch.Tensor, order: torch.Tensor, block_n: int, *, offset: torch.Tensor | None = None,
+                 row_scale: torch.Tensor | None = None, sample_weight: torch.Tensor | None = None,
+                 labels: torch.Tensor | None = None) -> dict[str, torch.Tensor | None]:
+    """The engine's once-per-fit tiles in one pass over ``order``: ``rows``, the transformed rows
+    ``(x - offset) * row_scale`` in that order (float32, as the kernels see them), ``weight`` and
+    ``labels`` in that order (float32 and int32; None where not given), and per tile of ``block_n``
+    rows its box ``lo``/``hi`` (``tile_boxes``) and ``moments`` (``tile_moments``, float64).
+    Replaces a gather, the transform, two gathers and the tiles' reductions (at 100M x 2 on an
+    H200: 18.7 ms of set-up, of which those took 12.4)."""
+    n, d = x.shape
+    device = x.device
+    tiles = triton.cdiv(n, block_n)
+    out: dict[str, torch.Tensor | None] = {
+        "rows": torch.empty(n, d, dtype=torch.float32, device=device),
+        "weight": None if sample_weight is None else torch.empty(n, dtype=torch.float32, device=device),
+        "labels": None if labels is None else torch.empty(n, dtype=torch.int32, device=device),
+        "lo": torch.empty(tiles, d, dtype=torch.float32, device=device),
+        "hi": torch.empty(tiles, d, dtype=torch.float32, device=device),
+        "moments": torch.empty(tiles, d + 2, dtype=torch.float64, device=device),
+    }
+    if n == 0:
+        return out
+    launcher(_sorted_tiles_kernel)[(tiles,)](
+        x, order, unused(device) if offset is None else offset, unused(device) if row_scale is None else row_scale,
+        unused(device) if sample_weight is None else sample_weight, unused(device, torch.int32) if labels is None else labels,
+        out["rows"], unused(device) if out["weight"] is None else out["weight"],
+        unused(device, torch.int32) if out["labels"] is None else out["labels"], out["lo"], out["hi"], out["moments"],
+        n, d, x.stride(0), x.stride(1),
+        BLOCK_N=block_n, DP=triton.next_power_of_2(d), HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
+        HAS_WEIGHT=sample_weight is not None, HAS_LABELS=labels is not None, num_warps=SORTED_TILES_WARPS,
+    )
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -628,26 +713,20 @@ class BoxEngine(ReplayedEngine):
         self.normalize = normalize
         self.tol_device = device_tol(tol)
         self._labels_out = labels
-        # Once per fit: the rows, transformed as the kernels see them, in curve order.
+        # Once per fit: the rows, transformed as the kernels see them, in curve order, with the
+        # caller's labels (an engine taking over a fit: the previous pass's) and the tiles.
         order = torch.argsort(curve_keys(x, offset, row_scale))
-        rows = x.index_select(0, order).to(torch.float32)
-        if offset is not None:
-            rows.sub_(offset)
-        if row_scale is not None:
-            rows.mul_(row_scale.index_select(0, order)[:, None])
-        self.x_sorted = rows
         self.order = order.to(torch.int32) if n < 2**31 else order
-        self.weight = None if sample_weight is None else sample_weight.index_select(0, order).to(torch.float32)
         self.block_n, programs = box_launch(n, device)
-        self.lo, self.hi = tile_boxes(rows, self.block_n)
+        tiles = sorted_tiles(x, self.order, self.block_n, offset=offset, row_scale=row_scale,
+                             sample_weight=sample_weight, labels=labels)
+        self.x_sorted, self.weight, self.sorted_labels = tiles["rows"], tiles["weight"], tiles["labels"]
+        self.lo, self.hi, self.moments = tiles["lo"], tiles["hi"], tiles["moments"]
         n_tiles = self.lo.shape[0]
-        self.moments = tile_moments(rows, self.block_n, self.weight)
         self.tile_label = torch.full((n_tiles,), -1, dtype=torch.int32, device=device)
         self.cand = torch.zeros(n_tiles, MAX_CANDIDATES, dtype=torch.int32, device=device)
         self.count = torch.zeros(n_tiles, dtype=torch.int32, device=device)
         self.work = torch.zeros(n_tiles, dtype=torch.int32, device=device)
-        # The caller's labels (an engine taking over a fit: the previous pass's), in curve order.
-        self.sorted_labels = labels.index_select(0, order).to(torch.int32)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
@@ -741,7 +820,9 @@ class BoxEngine(ReplayedEngine):
 # host work), one large enough for the device's per-row work to outlast the host's. Below about
 # 10M rows the device works while the host still launches, so the set-up is not fixed + per-row
 # cost: with 2^22 and 2^23 rows a line through the two estimated 14.1 and 5.4 ms for 100M x 2,
-# whose set-up took 18.7 ms on an H200.
+# whose set-up took 18.7 ms on an H200. The large one's time per row, which still holds some of
+# the fixed cost, errs the other way, on the side of starting a trial later: 19.4 ms estimated
+# for the 12.2 ms of the set-up with ``sorted_tiles`` (H200, 2026-11-27).
 PROBE_ROWS = (1 << 12, 1 << 24)
 
 

@@ -180,6 +180,42 @@ def test_tile_moments_match_direct_sums():
         torch.testing.assert_close(got[t], torch.cat([mean, total.reshape(1), torch.as_tensor(scatter).reshape(1).to(got)]))
 
 
+@pytest.mark.parametrize("n,d,block_n,extras", [(517, 1, 16, False), (517, 3, 16, True), (300, 8, 128, True),
+                                                (64, 2, 32, True), (129, 2, 128, False)])
+def test_sorted_tiles_match_gathers_and_the_torch_tile_reductions(n, d, block_n, extras):
+    """The set-up's one pass over the curve order against index_select, the transform, and the
+    pure-torch ``tile_boxes`` / ``tile_moments`` (odd n, a short last tile, weights with a tile of
+    none, per-row scale, labels)."""
+    g = torch.Generator().manual_seed(n + d)
+    x = (3.0 * torch.randn(n, d, generator=g)).to(DEVICE)
+    order = torch.randperm(n, generator=g).to(DEVICE)
+    offset = torch.linspace(-1, 1, d).to(DEVICE) if extras else None
+    scale = (0.5 + torch.rand(n, generator=g)).to(DEVICE) if extras else None
+    weight = torch.rand(n, generator=g).to(DEVICE) if extras else None
+    if weight is not None:
+        weight[order[:block_n]] = 0.0  # the first tile weighs nothing
+    labels = torch.randint(0, 1000, (n,), generator=g, dtype=torch.int32).to(DEVICE) if extras else None
+    got = boxes.sorted_tiles(x, order.to(torch.int32), block_n, offset=offset, row_scale=scale,
+                             sample_weight=weight, labels=labels)
+    rows = x[order].float()
+    if offset is not None:
+        rows = rows - offset
+    if scale is not None:
+        rows = rows * scale[order][:, None]
+    torch.testing.assert_close(got["rows"], rows, rtol=0, atol=0)
+    lo, hi = boxes.tile_boxes(rows, block_n)
+    torch.testing.assert_close(got["lo"], lo, rtol=0, atol=0)
+    torch.testing.assert_close(got["hi"], hi, rtol=0, atol=0)
+    w_sorted = None if weight is None else weight[order]
+    torch.testing.assert_close(got["moments"], boxes.tile_moments(rows, block_n, w_sorted), rtol=1e-12, atol=1e-12)
+    if weight is None:
+        assert got["weight"] is None and got["labels"] is None
+    else:
+        torch.testing.assert_close(got["weight"], w_sorted, rtol=0, atol=0)
+        torch.testing.assert_close(got["labels"], labels[order], rtol=0, atol=0)
+        assert float(got["moments"][0, d]) == 0.0 and float(got["moments"][0, d + 1]) == 0.0
+
+
 @pytest.mark.parametrize("n,d,k", [(1000, 2, 7), (501, 3, 33), (390, 1, 100)])
 def test_tiles_of_known_labels_list_supersets_and_settle_exactly(n, d, k):
     # Every tile has a label (the one its single candidate gives, else an arbitrary centroid): the
