@@ -303,9 +303,9 @@ def _dense(hybrid, iteration, shift, seconds=None, how="replay", host=None):
 
 
 def test_hybrid_projects_the_fits_remaining_iterations():
-    """The projection behind the box trial's early start: the last ``window`` shifts' geometric
-    decay down to tol, never more than as many iterations as have run (that many where the shifts
-    do not decay), never past max_iter."""
+    """The projection behind the box trial's early start: the fewest of the last ``window``
+    shifts' geometric decay down to tol, the changed-label counts' decay below one row, and as
+    many iterations as have run; a series that does not decay sets no bound; never past max_iter."""
     from torchkm import _loop
     from torchkm._reference import DataView
 
@@ -314,17 +314,22 @@ def test_hybrid_projects_the_fits_remaining_iterations():
     assert hybrid.box and hybrid.remaining_iterations(0) == 0.0
     for i in range(10):
         hybrid._shifts.append(2.0**-i)
+        hybrid._changed.append(1000.0)  # not decaying: no bound from the labels
         if i < 2:
-            assert hybrid.remaining_iterations(i + 1) == 0.0  # fewer than three shifts
+            assert hybrid.remaining_iterations(i + 1) == 0.0  # fewer than three iterations
     assert hybrid.remaining_iterations(20) == 11.0  # halving from 2^-9 down to 2^-20
     assert hybrid.remaining_iterations(10) == 10.0  # at most as many as have run
-    assert _loop._Hybrid(data, 1024, tol=2.0**-20, max_iter=15).remaining_iterations(10) == 0.0
     hybrid.max_iter = 15
     assert hybrid.remaining_iterations(10) == 5.0
     hybrid.max_iter = 300
+    hybrid._changed = [2.0 ** (10 - i) for i in range(10)]  # halving down to 2 rows: 2 more below one
+    assert hybrid.remaining_iterations(20) == 2.0
+    hybrid._changed[-1] = 0.0  # no label changed: the fit stops
+    assert hybrid.remaining_iterations(20) == 0.0
+    hybrid._changed = [1000.0] * 10
     hybrid._shifts += [2.0**-9] * 8  # a plateau
     assert hybrid.remaining_iterations(18) == 18.0
-    hybrid.tol = 0.0  # strict convergence only: no level to project down to
+    hybrid.tol = 0.0  # strict convergence only: no level for the shifts to reach
     hybrid._shifts = [2.0**-i for i in range(10)]
     assert hybrid.remaining_iterations(10) == 10.0
     hybrid.tol = 1.0
@@ -334,8 +339,8 @@ def test_hybrid_projects_the_fits_remaining_iterations():
 def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_up(monkeypatch):
     """At d <= 3 the trial's cost includes the box engine's set-up, and the trial starts as soon
     as the dense passes projected to remain cost ``payback`` times the trial (long before the
-    ``trial_share`` rule would); dense blocks are cut short once that is near. The bounds engine
-    (d > 8) is not started early."""
+    ``trial_share`` rule would), where a dense pass outlasts an iteration's host work; dense blocks
+    are cut short once that is near. The bounds engine (d > 8) is not started early."""
     from torchkm import _loop
     from torchkm._reference import DataView
 
@@ -356,14 +361,15 @@ def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_
     assert _dense(hybrid, 4, 0.125) is None  # 4 s
     assert _dense(hybrid, 5, 0.0625) == "pruned" and hybrid.trying and hybrid.max_block(8) == 8  # 5 s >= 4.6 s
     assert asked == [4096] and hybrid.budget == pytest.approx(hybrid.spent * hybrid.trial_share)
-    # Where a pass is shorter than the host's work per iteration, blocks stay long.
+    # Where a pass is shorter than the host's work per iteration, nothing starts early: the
+    # trial waits for trial_share, blocks stay long and the set-up is not measured.
     quick = _loop._Hybrid(data, 1024, tol=2.0**-30, max_iter=300)
     quick.done = False
     _dense(quick, 1, 1.0, how="initial")
     _dense(quick, 2, 0.5, 0.5, how="capture", host=1.0)
-    for i in range(3, 8):
+    for i in range(3, 30):
         assert _dense(quick, i, 2.0 ** (1 - i)) is None
-    assert quick.near and quick.max_block(8) == 8  # 7 passes projected, 3.5 s >= 3 s
+    assert not quick.near and quick.max_block(8) == 8 and asked == [4096]
     # The bounds engine's hybrid never projects: its trial waits for trial_share.
     bounds = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024, tol=2.0**-30, max_iter=300)
     bounds.done = False

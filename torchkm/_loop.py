@@ -226,6 +226,18 @@ def _use_cuda_graphs(data: DataView, k: int, comm: Comm) -> bool:
     return _cuda_graphs_allowed(data, comm)
 
 
+def _decay_steps(series: list[float], floor: float) -> float:
+    """Steps until a series decaying geometrically, at the mean rate from its first value to its
+    last, falls to ``floor``; infinite where it does not decay (or ``floor`` <= 0)."""
+    first, last = series[0], series[-1]
+    if floor <= 0 or first <= 0 or last <= 0 or last >= first:
+        return math.inf
+    if last <= floor:
+        return 0.0
+    ratio = (last / first) ** (1.0 / (len(series) - 1))
+    return float(math.ceil(math.log(floor / last) / math.log(ratio)))
+
+
 class _Hybrid:
     """``algorithm="auto"``: seed 000's hybrid, deciding from times measured on the running device.
 
@@ -248,10 +260,10 @@ class _Hybrid:
     cost is mostly a once-per-fit set-up (a sort of the rows: about 10 dense passes at 100M x 2,
     k = 32), measured on the running device (``torchkm._kernels.boxes.setup_seconds``) and added
     to the trial's estimate; and since its passes cost a fraction of a dense one from the first
-    (nothing to settle in), it pays back in proportion to how long the fit has left to run. So the
-    box trial also starts as soon as the dense passes the fit is projected to still run cost
-    ``payback`` times the trial: projected from the recent centre shifts' geometric decay down to
-    ``tol``, at most as many iterations as have run (``remaining_iterations``).
+    (nothing to settle in), it pays back in proportion to how long the fit has left to run. So
+    where a dense pass outlasts an iteration's host work, the box trial also starts as soon as the
+    dense passes the fit is projected to still run cost ``payback`` times the trial
+    (``remaining_iterations``).
     """
 
     patience = 3
@@ -269,6 +281,7 @@ class _Hybrid:
         self.tol = tol
         self.max_iter = max_iter
         self._shifts: list[float] = []
+        self._changed: list[float] = []
         self._setup: float | None = None
         # Whether a box trial may start within a few iterations: dense blocks are then cut short
         # (``max_block``), so that the switch does not wait for the rest of a long block.
@@ -292,13 +305,14 @@ class _Hybrid:
         return self.trial_passes * sum(self._host_costs) / len(self._host_costs)
 
     def max_block(self, block: int) -> int:
-        """The dense engine's next block: at most ``patience + 1`` passes while a box trial is near
-        and a dense pass takes longer on the device than an iteration's launches on the host."""
-        # Only where a pass outlasts the host's work per iteration: there the extra syncs are free.
-        device_bound = self.dense_seconds is not None and bool(self._host_costs) and \
-            self.dense_seconds >= sum(self._host_costs) / len(self._host_costs)
-        shorten = self.near and device_bound and not (self.trying or self.done)
+        """The dense engine's next block: at most ``patience + 1`` passes while a box trial is near."""
+        shorten = self.near and self._device_bound() and not (self.trying or self.done)
         return min(block, self.patience + 1) if shorten else block
+
+    def _device_bound(self) -> bool:
+        """Whether a dense pass outlasts the host's work per iteration (there extra syncs are free)."""
+        return self.dense_seconds is not None and bool(self._host_costs) and \
+            self.dense_seconds >= sum(self._host_costs) / len(self._host_costs)
 
     def setup_seconds(self) -> float:
         """Estimated seconds of the pruned engine's set-up: the box engine's sort of the rows
@@ -309,23 +323,20 @@ class _Hybrid:
         return self._setup
 
     def remaining_iterations(self, iteration: int) -> float:
-        """Dense iterations the fit is projected to still run after ``iteration``: the decay of the
-        last ``window`` centre shifts, taken as geometric, extrapolated down to ``tol``, but never
-        more than ``iteration`` (a fit is taken to be at most half done: slowly decaying shifts
-        project hundreds of iterations where the labels stop changing much sooner; at 1M x 2,
-        k = 32 that started a trial which cost 1.6x the dense fit). Where the shifts do not decay
-        (or ``tol`` is 0), ``iteration``. At most ``max_iter`` in all; 0 before three shifts."""
-        shifts = self._shifts[-self.window:]
+        """Dense iterations the fit is projected to still run after ``iteration``: the fewest of
+        (a) the last ``window`` centre shifts' decay, taken as geometric, extrapolated down to
+        ``tol``; (b) the changed-label counts' decay extrapolated below one row (the strict stop);
+        (c) ``iteration`` (a fit is taken to be at most half done: slowly decaying shifts project
+        hundreds of iterations where the labels stop changing much sooner; at 1M x 2, k = 32 that
+        started a trial which cost 1.6x the dense fit). A series that does not decay sets no
+        bound. At most ``max_iter`` in all; 0 before three iterations."""
+        if len(self._shifts) < 3:
+            return 0.0
         left = math.inf if self.max_iter is None else max(0, self.max_iter - iteration)
-        if len(shifts) < 3:
+        if self._shifts[-1] <= max(self.tol, 0.0) or self._changed[-1] == 0:
             return 0.0
-        first, last = shifts[0], shifts[-1]
-        if last <= max(self.tol, 0.0):
-            return 0.0
-        ratio = (last / first) ** (1.0 / (len(shifts) - 1)) if first > 0 else 1.0
-        if self.tol <= 0 or ratio >= 1.0:
-            return float(min(left, iteration))
-        return float(min(left, iteration, math.ceil(math.log(self.tol / last) / math.log(ratio))))
+        return float(min(left, iteration, _decay_steps(self._shifts[-self.window:], self.tol),
+                         _decay_steps(self._changed[-self.window:], 0.5)))
 
     def after(self, stats: IterationStats, how: str, seconds: float | None, host_seconds: float | None) -> str | None:
         """Record an iteration (``how`` it ran, its ``seconds`` on the device and the ``host_seconds``
@@ -337,6 +348,7 @@ class _Hybrid:
         if not self.trying:
             self.spent += stats.seconds
             self._shifts.append(stats.center_shift)
+            self._changed.append(float(stats.labels_changed))
             if timed:
                 self.dense_seconds = seconds if self.dense_seconds is None else min(self.dense_seconds, seconds)
             if how in ("eager", "capture") and host_seconds is not None:
@@ -344,8 +356,13 @@ class _Hybrid:
             cost = self.trial_cost
             if self.dense_seconds is None or cost is None:
                 return None
-            remaining = self.remaining_iterations(stats.iteration) * self.dense_seconds if self.box else 0.0
-            self.near = remaining >= cost + (self._setup or 0.0)
+            # The early start is for device-bound passes: where a pass is shorter than an
+            # iteration's launches (10M x 2, k = 32 on an H200: 0.2 against about 1 ms), the trial's
+            # host-bound passes cost more than its passes save, and a trial started on projection
+            # cost 16 % of the fit.
+            early = self.box and self._device_bound()
+            remaining = self.remaining_iterations(stats.iteration) * self.dense_seconds if early else 0.0
+            self.near = early and remaining >= cost + (self._setup or 0.0)
             # The cheap test first: the set-up's estimate may take a measurement.
             if self.spent * self.trial_share < cost and remaining < self.payback * cost:
                 return None
