@@ -270,7 +270,10 @@ class _Hybrid:
     plateau = 0.02  # a rise of the skipped fraction below this is no longer the bounds settling in
     trial_share = 0.05
     trial_passes = 3  # the trial's host-bound passes: the full pass, the first settle pass, the capture
-    min_work = 1 << 24  # n * k * d below which a whole fit is a few milliseconds of launches
+    # n * k * d below which the hybrid does not run: there a fit is a few milliseconds, no trial
+    # pays, and timing the dense engine costs the fit about 0.35 ms (1M x 2, k = 32, 6.3e7: 4-9 %
+    # of 4-7 ms fits on an H200, 2026-11-27; 2^24 before).
+    min_work = 1 << 27
     payback = 2.0  # the box trial starts once the dense passes projected to remain cost this many trials
     window = 8  # the recent dense iterations whose shifts project the fit's length
 
