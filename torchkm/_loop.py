@@ -257,7 +257,7 @@ class _Hybrid:
     choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense.
 
     At d <= 3 the trial runs the box engine (``torchkm._kernels.boxes``), judged the same way. Its
-    cost is mostly a once-per-fit set-up (a sort of the rows: about 10 dense passes at 100M x 2,
+    cost is mostly a once-per-fit set-up (a sort of the rows: about 7 dense passes at 100M x 2,
     k = 32), measured on the running device (``torchkm._kernels.boxes.setup_seconds``) and added
     to the trial's estimate; and since its passes cost a fraction of a dense one from the first
     (nothing to settle in), it pays back in proportion to how long the fit has left to run. So

@@ -212,7 +212,7 @@ def sorted_tiles(x: torch.Tensor, order: torch.Tensor, block_n: int, *, offset: 
     ``labels`` in that order (float32 and int32; None where not given), and per tile of ``block_n``
     rows its box ``lo``/``hi`` (``tile_boxes``) and ``moments`` (``tile_moments``, float64).
     Replaces a gather, the transform, two gathers and the tiles' reductions (at 100M x 2 on an
-    H200: 18.7 ms of set-up, of which those took 12.4)."""
+    H200: 18.7 ms of set-up, of which those took 12.4; this launch takes 6.1-6.3 ms)."""
     n, d = x.shape
     device = x.device
     tiles = triton.cdiv(n, block_n)
