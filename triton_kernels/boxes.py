@@ -202,8 +202,6 @@ def _sorted_tiles_kernel(x_ptr, order_ptr, offset_ptr, scale_ptr, w_ptr, labels_
     tl.store(out + d + 1, scatter)
 
 
-
-
 def sorted_tiles(x: torch.Tensor, order: torch.Tensor, block_n: int, *, offset: torch.Tensor | None = None,
                  row_scale: torch.Tensor | None = None, sample_weight: torch.Tensor | None = None,
                  labels: torch.Tensor | None = None) -> dict[str, torch.Tensor | None]:
@@ -810,7 +808,6 @@ class BoxEngine(ReplayedEngine):
             self.infos.append(PassInfo(self.kernel, searched, searched, n, k))
         self.info = self.infos[-1] if self.infos else None
         return [row[:4] for row in values]
-
 
 
 # ----------------------------------------------------------------------------------------------
