@@ -591,6 +591,13 @@ class BoundsEngine(ReplayedEngine):
                       control=control, shift_top=self.shift_top, shift_margin=self.shift_margin,
                       tallies=(self.active_count, p.flag_count))
 
+    @property
+    def sq_distances(self) -> torch.Tensor:
+        """Each row's squared distance (fp32, transformed rows) to its centroid of the last pass that
+        ran: what an empty cluster's relocation picks the farthest rows by. Settled rows stored it
+        in the settle pass, searched rows in the search."""
+        return self.sq_dist
+
     def centroids_changed(self) -> None:
         """Call after changing ``c`` outside the engine's passes (empty-cluster relocation): the
         next settle pass lowers the bounds by the moves from ``c_old`` to the new ``c``."""
