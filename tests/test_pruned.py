@@ -290,9 +290,32 @@ def test_hybrid_decision_rules():
     hybrid.done = False
     assert _pass(hybrid, "capture", 1.0, "lloyd", wall=10.0, host=0.2) is None
     assert _pass(hybrid, "replay", 1.0, "lloyd", wall=20.0) == "pruned" and hybrid.budget == pytest.approx(1.5)
+    # (A process that ran the shape before captures the first settle pass at once: still not judged.)
+    assert _pass(hybrid, "full", None) is None and _pass(hybrid, "capture", 9.0) is None and hybrid.judged == 0
     assert _pass(hybrid, "replay", 1.7, skipped=0.2) is None
     assert _pass(hybrid, "replay", 1.7, skipped=0.4) is None
     assert _pass(hybrid, "replay", 1.2, skipped=0.6) == "lloyd" and hybrid.slow == 0
+
+
+def test_hybrid_stops_judging_where_no_trial_can_start():
+    """With host-bound passes only the trial_share rule starts a trial; after a block of iterations
+    the hybrid stops (no more timing or bookkeeping) where the fit is projected to end first."""
+    from torchkm import _loop
+    from torchkm._reference import DataView
+
+    data = DataView(torch.zeros(4096, 64), torch.float32)
+    for wall, last in ((0.001, None), (4.0, "pruned")):
+        hybrid = _loop._Hybrid(data, 1024)
+        hybrid.done = False
+        _pass(hybrid, "initial", None, "lloyd", wall=wall)
+        # 0.1 s passes issued in 0.5 s of host time: host-bound; a trial costs 1.5 s.
+        _pass(hybrid, "capture", 0.1, "lloyd", wall=wall, host=0.5)
+        for _ in range(5):
+            assert _pass(hybrid, "replay", 0.1, "lloyd", wall=wall) is None and not hybrid.done
+        # The 8th iteration: 8 ms spent leaves no room, 32 s does (and starts the trial).
+        assert _pass(hybrid, "replay", 0.1, "lloyd", wall=wall) == last
+        assert hybrid.done == (last is None) and hybrid.trying == (last is not None)
+        assert _pass(hybrid, "replay", 0.1, "lloyd", wall=wall) is None
 
 
 def _dense(hybrid, iteration, shift, seconds=None, how="replay", host=None):
@@ -340,7 +363,8 @@ def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_
     """At d <= 3 the trial's cost includes the box engine's set-up, and the trial starts as soon
     as the dense passes projected to remain cost ``payback`` times the trial (long before the
     ``trial_share`` rule would), where a dense pass outlasts an iteration's host work; dense blocks
-    are cut short once that is near. The bounds engine (d > 8) is not started early."""
+    are cut short once that is near. The bounds engine (d > 8) starts early the same way, with no
+    set-up to measure; an early trial's budget counts the projected passes."""
     from torchkm import _loop
     from torchkm._reference import DataView
 
@@ -360,7 +384,7 @@ def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_
     assert asked == [4096] and hybrid.setup_seconds() == 2.0 and hybrid.near and hybrid.max_block(8) == 4
     assert _dense(hybrid, 4, 0.125) is None  # 4 s
     assert _dense(hybrid, 5, 0.0625) == "pruned" and hybrid.trying and hybrid.max_block(8) == 8  # 5 s >= 4.6 s
-    assert asked == [4096] and hybrid.budget == pytest.approx(hybrid.spent * hybrid.trial_share)
+    assert asked == [4096] and hybrid.budget == pytest.approx((hybrid.spent + 5.0) * hybrid.trial_share)
     # Where a pass is shorter than the host's work per iteration, nothing starts early: the
     # trial waits for trial_share, blocks stay long and the set-up is not measured.
     quick = _loop._Hybrid(data, 1024, tol=2.0**-30, max_iter=300)
@@ -369,12 +393,14 @@ def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_
     _dense(quick, 2, 0.5, 0.5, how="capture", host=1.0)
     for i in range(3, 30):
         assert _dense(quick, i, 2.0 ** (1 - i)) is None
-    assert not quick.near and quick.max_block(8) == 8 and asked == [4096]
-    # The bounds engine's hybrid never projects: its trial waits for trial_share.
+    assert not quick.near and quick.max_block(8) == 8 and asked == [4096] and quick.done
+    # The bounds engine: a trial of 3 x 0.1 s starts once 2 x that is projected (6 passes of 0.1 s).
     bounds = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024, tol=2.0**-30, max_iter=300)
     bounds.done = False
     _dense(bounds, 1, 1.0, how="initial")
     _dense(bounds, 2, 0.5, 0.1, how="capture", host=0.1)
-    for i in range(3, 20):
-        assert _dense(bounds, i, 2.0**-i) is None
-    assert not bounds.near and bounds.setup_seconds() == 0.0 and asked == [4096]
+    for i in range(3, 6):
+        assert _dense(bounds, i, 2.0 ** (1 - i)) is None and bounds.near
+    assert _dense(bounds, 6, 2.0**-5) == "pruned" and bounds.trying
+    assert bounds.setup_seconds() == 0.0 and asked == [4096]
+    assert bounds.budget == pytest.approx((bounds.spent + 0.6) * bounds.trial_share)

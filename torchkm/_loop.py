@@ -254,16 +254,18 @@ class _Hybrid:
     have cost more than the dense reference by ``trial_share`` of the time spent before the trial
     (rising or not: settling in too slowly does not pay either), the dense engine, kept from the
     start, finishes the run (like seed 000's, the decision is final). Problems too small for the
-    choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense.
+    choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense;
+    so do fits whose passes are host-bound once, after ``window`` iterations, the fit is projected
+    to end before the ``trial_share`` rule could start a trial (judging then only costs time).
 
     At d <= 3 the trial runs the box engine (``torchkm._kernels.boxes``), judged the same way. Its
     cost is mostly a once-per-fit set-up (a sort of the rows: about 7 dense passes at 100M x 2,
     k = 32), measured on the running device (``torchkm._kernels.boxes.setup_seconds``) and added
-    to the trial's estimate; and since its passes cost a fraction of a dense one from the first
-    (nothing to settle in), it pays back in proportion to how long the fit has left to run. So
-    where a dense pass outlasts an iteration's host work, the box trial also starts as soon as the
-    dense passes the fit is projected to still run cost ``payback`` times the trial
-    (``remaining_iterations``).
+    to the trial's estimate. A trial pays back in proportion to how long the fit has left to run.
+    So where a dense pass outlasts an iteration's host work, the trial (box or bounds engine) also
+    starts as soon as the dense passes the fit is projected to still run cost ``payback`` times the
+    trial (``remaining_iterations``), and its budget is then ``trial_share`` of the time spent plus
+    those projected passes.
     """
 
     patience = 3
@@ -274,7 +276,7 @@ class _Hybrid:
     # pays, and timing the dense engine costs the fit about 0.35 ms (1M x 2, k = 32, 6.3e7: 4-9 %
     # of 4-7 ms fits on an H200, 2026-11-27; 2^24 before).
     min_work = 1 << 27
-    payback = 2.0  # the box trial starts once the dense passes projected to remain cost this many trials
+    payback = 2.0  # an early trial starts once the dense passes projected to remain cost this many trials
     window = 8  # the recent dense iterations whose shifts project the fit's length
 
     def __init__(self, data: DataView, k: int, tol: float = -1.0, max_iter: int | None = None):
@@ -297,6 +299,7 @@ class _Hybrid:
         self.dense_seconds: float | None = None
         self.spent = 0.0
         self.excess = 0.0  # the judged pruned passes' time less the dense reference's, summed
+        self.trial_seen = 0  # pruned passes since the trial started
         self.budget = 0.0  # the excess at which the trial ends: trial_share of the time spent before it
         self._host_costs: list[float] = []
 
@@ -363,7 +366,17 @@ class _Hybrid:
             # iteration's launches (10M x 2, k = 32 on an H200: 0.2 against about 1 ms), the trial's
             # host-bound passes cost more than its passes save, and a trial started on projection
             # cost 16 % of the fit.
-            early = self.box and self._device_bound()
+            early = self._device_bound()
+            if not early and len(self._shifts) >= self.window:
+                # Host-bound passes: only the trial_share rule could start a trial. Where the fit is
+                # projected to end before it does, judging costs the fit and gains nothing (timed
+                # passes and this bookkeeping: about 0.9 ms of 8-10 ms fits at 245,760 x 32, k = 32).
+                projected = self.spent * (1.0 + self.remaining_iterations(stats.iteration) / len(self._shifts))
+                if projected * self.trial_share < cost:
+                    self.done = True
+                    logger.debug("auto: a %.3g ms fit leaves no room for a trial of %.3g ms; staying dense",
+                                 projected * 1e3, cost * 1e3)
+                    return None
             remaining = self.remaining_iterations(stats.iteration) * self.dense_seconds if early else 0.0
             self.near = early and remaining >= cost + (self._setup or 0.0)
             # The cheap test first: the set-up's estimate may take a measurement.
@@ -373,12 +386,21 @@ class _Hybrid:
             if self.spent * self.trial_share < cost and remaining < self.payback * cost:
                 return None
             self.trying = True
-            self.budget = self.spent * self.trial_share
+            # A failed trial may cost trial_share of the fit: of the time spent so far and, where
+            # projected, of the dense passes still to come (an early trial, whose own first passes
+            # still search many rows, is not cut off by the little spent before it).
+            self.budget = (self.spent + remaining) * self.trial_share
             logger.info("auto: trying %s passes after %d dense iterations (%.3g ms each, %.3g ms more projected; trial "
                         "cost about %.3g ms)", "box engine" if self.box else "pruned", stats.iteration,
                         self.dense_seconds * 1e3, remaining * 1e3, cost * 1e3)
             return "pruned"
-        if not timed or stats.kernel != "pruned" or self.dense_seconds is None:
+        if stats.kernel != "pruned":
+            return None
+        self.trial_seen += 1
+        # The full pass and the first settle pass are never judged, however they ran (a process
+        # that ran this shape before captures the first settle pass at once): they search every
+        # row or most of them, and an early trial's budget is too small for them.
+        if not timed or self.trial_seen <= 2 or self.dense_seconds is None:
             return None
         self.judged += 1
         settling = stats.skipped_bound > self.skipped + self.plateau
