@@ -13,6 +13,10 @@ capture) cancel. Where a fit converges inside the timed iterations (no label cha
 is the longer run's whole time over the iterations it ran (an upper bound: set-up, capture and
 the host's work on empty clusters included), marked ``*`` in the table (``converged_at`` in the
 JSON); ``scripts/diag_hopper_search.py`` times the pass alone.
+``algorithm="pruned"`` is timed the same way where it has an engine: the box engine (d <= 3, after
+``check_pruned``) and the bounds engine (d > 8 and n k d < 1e12, after ``check_bounds``: each of 12
+passes' labels against float64). Its time per iteration is an average over the timed iterations,
+whose cost falls as rows settle.
 All runs start from the same centroids (rows of x). Floors: 2 n k d FLOPs at the measured tf32 /
 bf16 GEMM rate, or reading x once at the measured copy bandwidth, whichever is larger.
 
@@ -395,8 +399,10 @@ def main() -> None:
             # (x and c0 bound as defaults: the loop deletes x to free it before the next workload)
             timings = {"ours_exact": per_iteration(lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "exact"), iters, _loop._GRAPH_BLOCK),
                        "ours_fast": per_iteration(lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "fast"), iters, _loop._GRAPH_BLOCK)}
-            if d <= _ops.BOX_MAX_D or _ops.bounds_supported(DataView(x, torch.float32)):
+            if d <= _ops.BOX_MAX_D or (_ops.bounds_supported(DataView(x, torch.float32)) and n * k * d < 1e12):
                 # algorithm="pruned": the box engine at small d, the bounds engine past 8 features
+                # (not at 1M x 768 x 8192 and 10M x 128 x 65,536: seconds per pass on N(0, 1) rows,
+                # where few rows settle)
                 row.update(check_pruned(x, c0) if d <= _ops.BOX_MAX_D else check_bounds(x, c0))
                 timings["ours_pruned"] = per_iteration(
                     lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "exact", "pruned"), iters, _loop._GRAPH_BLOCK)
