@@ -62,8 +62,8 @@ class KMeans(nn.Module):
             whose last bits vary between runs. CPU runs are always deterministic.
         algorithm: ``"auto"`` (default): the measured hybrid. It starts as ``"lloyd"``, and on
             problems large enough for the choice to matter it tries ``"pruned"`` once the fit has
-            spent 20 times what the trial costs (at d <= 3, where dense passes outlast their host
-            work, as soon as the passes the fit is projected to still run cost twice the trial,
+            spent 20 times what the trial costs (where dense passes outlast their host work, as
+            soon as the passes the fit is projected to still run cost twice the trial, at d <= 3
             the box engine's set-up included), keeping it while its passes measure faster than
             dense ones on this device. ``"lloyd"``: every iteration assigns every row
             with the fused dense pass. ``"pruned"``: rows keep a lower bound on their distance to the other centroids
