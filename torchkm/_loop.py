@@ -248,7 +248,8 @@ class _Hybrid:
     the host about what the dense engine's own eager and captured iterations cost it, measured in
     the first block. The trial starts once the fit has spent ``1 / trial_share`` times that
     estimate, so that a failed trial costs at most about ``trial_share`` of the fit. Each pruned
-    pass is then timed and judged the same way: it counts against pruning when it took longer than
+    pass after the full pass and the first settle pass (which search every row or most of them) is
+    then timed and judged the same way: it counts against pruning when it took longer than
     the reference while its skipped fraction had stopped rising (early passes settle few rows and
     get better quickly). After ``patience`` such passes in a row, or once the judged passes together
     have cost more than the dense reference by ``trial_share`` of the time spent before the trial
@@ -288,7 +289,7 @@ class _Hybrid:
         self._shifts: list[float] = []
         self._changed: list[float] = []
         self._setup: float | None = None
-        # Whether a box trial may start within a few iterations: dense blocks are then cut short
+        # Whether an early trial may start within a few iterations: dense blocks are then cut short
         # (``max_block``), so that the switch does not wait for the rest of a long block.
         self.near = False
         self.done = not self.enabled
@@ -300,7 +301,7 @@ class _Hybrid:
         self.spent = 0.0
         self.excess = 0.0  # the judged pruned passes' time less the dense reference's, summed
         self.trial_seen = 0  # pruned passes since the trial started
-        self.budget = 0.0  # the excess at which the trial ends: trial_share of the time spent before it
+        self.budget = 0.0  # the excess at which the trial ends: trial_share of the time spent (and projected)
         self._host_costs: list[float] = []
 
     @property
@@ -311,7 +312,7 @@ class _Hybrid:
         return self.trial_passes * sum(self._host_costs) / len(self._host_costs)
 
     def max_block(self, block: int) -> int:
-        """The dense engine's next block: at most ``patience + 1`` passes while a box trial is near."""
+        """The dense engine's next block: at most ``patience + 1`` passes while an early trial is near."""
         shorten = self.near and self._device_bound() and not (self.trying or self.done)
         return min(block, self.patience + 1) if shorten else block
 
