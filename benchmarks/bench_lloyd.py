@@ -140,6 +140,17 @@ def torchkm_lloyd(x: torch.Tensor, c0: torch.Tensor, n_iter: int, precision: str
     return out.n_iter
 
 
+def labels_off(xs: torch.Tensor, cs: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
+    """Percent of the sampled rows ``xs`` (float64) whose label ``got`` is not the float64 argmin over
+    ``cs``, and percent off by more than a tie (the two distances within 1e-5 of the norms)."""
+    dist = (xs * xs).sum(1, keepdim=True) - 2 * xs @ cs.T + (cs * cs).sum(1)
+    true = dist.argmin(1)
+    gap = dist.gather(1, got[:, None]).squeeze(1) - dist.gather(1, true[:, None]).squeeze(1)
+    tie = 1e-5 * ((xs * xs).sum(1) + (cs * cs).sum(1).max())
+    off = got != true
+    return 100 * float(off.double().mean()), 100 * float((off & (gap > tie)).double().mean())
+
+
 def check_pruned(x: torch.Tensor, c: torch.Tensor) -> dict:
     """The box engine (``algorithm="pruned"``, d <= 3) on its own: its set-up time (curve order,
     sorted copy, tile boxes), then one pass into poisoned labels, checked against a float64 argmin
@@ -161,11 +172,7 @@ def check_pruned(x: torch.Tensor, c: torch.Tensor) -> dict:
     got = engine.labels.long()
     assert int(got.min()) >= 0 and int(got.max()) < k, "box engine labels not all written"
     idx = torch.randint(0, n, (8192,), device=x.device)
-    xs, cs = x[idx].double(), c.double()
-    dist = torch.cdist(xs, cs) ** 2
-    true = dist.argmin(1)
-    gap = dist.gather(1, got[idx][:, None]).squeeze(1) - dist.gather(1, true[:, None]).squeeze(1)
-    tie = 1e-5 * ((xs * xs).sum(1) + (cs * cs).sum(1).max())
+    _, off_beyond_ties = labels_off(x[idx].double(), c.double(), got[idx])
     xt = x.float() - offset
     ref_sums = torch.zeros(k, x.shape[1], dtype=torch.float64, device=x.device)
     for s in range(0, n, 1 << 24):
@@ -173,19 +180,19 @@ def check_pruned(x: torch.Tensor, c: torch.Tensor) -> dict:
     sum_err = float((engine.sums.double() - ref_sums).abs().max() / ref_sums.abs().max().clamp_min(1e-30))
     count_err = float((engine.counts.double() - torch.bincount(got, minlength=k).double()).abs().max())
     info = engine.info
-    return {"pruned_setup_ms": setup_ms, "pruned_labels_off_beyond_ties_pct": 100 * float(((got[idx] != true) & (gap > tie)).double().mean()),
+    return {"pruned_setup_ms": setup_ms, "pruned_labels_off_beyond_ties_pct": off_beyond_ties,
             "pruned_sums_rel_err": sum_err, "pruned_counts_abs_err": count_err, "pruned_changed_first": changed,
             "pruned_skipped_first": info.skipped if info is not None else float("nan")}
 
 
-def check_bounds(x: torch.Tensor, c: torch.Tensor, passes: int = 12) -> dict:
+def check_bounds(x: torch.Tensor, k: int, passes: int = 12) -> dict:
     """The bounds engine (``algorithm="pruned"``, d > 8) on its own: ``passes`` Lloyd passes into a
     poisoned label buffer, each pass's labels checked against a float64 argmin over the centroids
     it searched (sampled rows), and the fraction of distance computations each pass skipped. It starts
-    from ``k`` distinct rows rather than ``c`` (rows drawn with replacement: a repeated one leaves a
-    cluster empty in the first pass, where the check would stop, as the Lloyd loop relocates it)."""
+    from ``k`` distinct rows (the timed runs' start draws rows with replacement: a repeated one leaves
+    a cluster empty in the first pass, where this check would stop, as the Lloyd loop relocates it)."""
     data, offset = centred_view(x)
-    n, k = x.shape[0], c.shape[0]
+    n = x.shape[0]
     c = x[torch.randperm(n, device=x.device)[:k]].float()
     labels = torch.full((n,), -7, dtype=torch.int32, device=x.device)
     engine = _ops.pruned_engine(data, c - offset, labels, None, -1.0, "pruned", graphs=True, block=_loop._GRAPH_BLOCK)
@@ -197,12 +204,7 @@ def check_bounds(x: torch.Tensor, c: torch.Tensor, passes: int = 12) -> dict:
         (_, _, _, empty), = engine.read(1)
         got = engine.labels[idx].long()
         assert int(got.min()) >= 0 and int(got.max()) < k, "bounds engine labels not all written"
-        cs = engine.c_old.double()
-        dist = (xs * xs).sum(1, keepdim=True) - 2 * xs @ cs.T + (cs * cs).sum(1)
-        true = dist.argmin(1)
-        gap = dist.gather(1, got[:, None]).squeeze(1) - dist.gather(1, true[:, None]).squeeze(1)
-        tie = 1e-5 * ((xs * xs).sum(1) + (cs * cs).sum(1).max())
-        worst = max(worst, 100 * float(((got != true) & (gap > tie)).double().mean()))
+        worst = max(worst, labels_off(xs, engine.c_old.double(), got)[1])
         skipped.append(engine.info.skipped)
         if empty:  # the Lloyd loop would relocate an empty cluster here; the check stops
             break
@@ -227,12 +229,7 @@ def check(x: torch.Tensor, c: torch.Tensor) -> dict:
     out = kernel_assign(x, c, precision="exact", raw_norms=norms, labels=labels, sums=sums, counts=counts, store_sq_dist=False)
     assert int(labels.min()) >= 0 and int(labels.max()) < k, "labels not all written"
     idx = torch.randint(0, n, (8192,), device=x.device)
-    xs, cs = xf[idx].double(), c.double()
-    dist = (xs * xs).sum(1, keepdim=True) - 2 * xs @ cs.T + (cs * cs).sum(1)
-    true = dist.argmin(1)
-    got = labels[idx]
-    gap = dist.gather(1, got[:, None]).squeeze(1) - dist.gather(1, true[:, None]).squeeze(1)
-    tie = 1e-5 * ((xs * xs).sum(1) + (cs * cs).sum(1).max())
+    off, off_beyond_ties = labels_off(xf[idx].double(), c.double(), labels[idx])
     # float64 references: an fp32 index_add_ of millions of rows into one cluster is itself off by ~1e-3.
     ref_sums = torch.zeros(k, x.shape[1], dtype=torch.float64, device=x.device)
     for s in range(0, n, 1 << 24):
@@ -244,8 +241,7 @@ def check(x: torch.Tensor, c: torch.Tensor) -> dict:
     if float(count_err.max()) > 2.0**-23:
         print(f"FUSED COUNTS DIFFER: {int((count_err > 2.0**-23).sum())} clusters, largest cluster {int(ref_counts.max())}, "
               f"total {float(counts.double().sum())} vs {n}, rechecked {int(out.rechecked)}", flush=True)
-    return {"labels_off_pct": 100 * float((got != true).double().mean()),
-            "labels_off_beyond_ties_pct": 100 * float(((got != true) & (gap > tie)).double().mean()),
+    return {"labels_off_pct": off, "labels_off_beyond_ties_pct": off_beyond_ties,
             "rechecked_pct": 100 * int(out.rechecked) / n, "sums_rel_err": sum_err,
             "counts_rel_err": float(count_err.max())}
 
@@ -403,7 +399,7 @@ def main() -> None:
                 # algorithm="pruned": the box engine at small d, the bounds engine past 8 features
                 # (not at 1M x 768 x 8192 and 10M x 128 x 65,536: seconds per pass on N(0, 1) rows,
                 # where few rows settle)
-                row.update(check_pruned(x, c0) if d <= _ops.BOX_MAX_D else check_bounds(x, c0))
+                row.update(check_pruned(x, c0) if d <= _ops.BOX_MAX_D else check_bounds(x, k))
                 timings["ours_pruned"] = per_iteration(
                     lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "exact", "pruned"), iters, _loop._GRAPH_BLOCK)
             if not args.no_flash:
