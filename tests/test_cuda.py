@@ -297,6 +297,28 @@ def test_cuda_input_dtypes(x_cpu, dtype):
     assert r.centroids.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
 
 
+def test_cuda_fit_checks_rows_in_its_moments_pass(x_cpu):
+    # Unweighted GPU rows are checked by the pass that gives their mean and variance (one sync):
+    # the same errors as the separate scan, and the same data statistics as the weighted path.
+    from torchkm import _loop
+    from torchkm._distributed import Comm
+    from torchkm._reference import DataView
+
+    x = x_cpu.cuda()
+    mean, variance = _loop._moments(DataView(x, torch.float32))
+    expected_mean = _loop._data_mean(DataView(x, torch.float32), None, Comm())[0]
+    torch.testing.assert_close(mean, expected_mean, rtol=0, atol=1e-5)
+    expected = _loop._feature_variance_mean(DataView(x, torch.float32, expected_mean), None, Comm())
+    assert variance == pytest.approx(expected, rel=1e-5)
+    bad = x.clone()
+    bad[7_001, 3] = float("inf")
+    for metric in ("euclidean", "cosine"):
+        with pytest.raises(ValueError, match=r"x contains non-finite values.*1 Inf.*first bad row 7001"):
+            torchkm.fit(bad, 5, metric=metric)
+    with pytest.raises(ValueError, match="overflow"):
+        torchkm.fit(x * 1e30, 5)
+
+
 def test_cuda_device_mismatch_is_a_clear_error(x_cpu):
     km = torchkm.KMeans(5, random_state=0).fit(x_cpu.cuda())
     with pytest.raises(ValueError, match="x is on cpu but the centroids are on cuda"):

@@ -123,3 +123,32 @@ def test_one_streamed_pass_gives_the_mean_and_variance_far_from_the_origin():
         expected = _loop._feature_variance_mean(DataView(x, torch.float32, expected_mean), weights, Comm())
         torch.testing.assert_close(mean, expected_mean, rtol=0, atol=1e-3)
         assert variance == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_moments_in_one_pass_match_float64(dtype):
+    # What fit uses for unweighted rows in GPU memory (runs on any device): bf16 rows take several
+    # converted chunks (merged by Chan's formula), fp32 and fp64 rows one reduction.
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(9_001, 1024, generator=g, dtype=torch.float64) * 0.5 + 2e3).to(dtype)
+    data = DataView(x, torch.float64 if dtype == torch.float64 else torch.float32)
+    assert dtype != torch.bfloat16 or sum(1 for _ in data.chunks(1024)) > 2
+    mean, variance = _loop._moments(data)
+    ref = x.double()
+    assert mean.dtype == data.dtype
+    torch.testing.assert_close(mean.double(), ref.mean(0), rtol=0, atol=2e3 * 2e-6)
+    assert variance == pytest.approx(float(ref.var(0, correction=0).mean()), rel=1e-4)
+    # Normalised rows: the variance of the unit rows (the mean is unused there).
+    unit = DataView(x, data.dtype, normalize=True)
+    expected = float((ref / ref.norm(dim=1, keepdim=True)).var(0, correction=0).mean())
+    assert _loop._moments(unit)[1] == pytest.approx(expected, rel=1e-3, abs=1e-12)
+
+
+def test_moments_name_non_finite_rows_and_overflow():
+    x = torch.randn(300, 7)
+    x[123, 4] = float("nan")
+    with pytest.raises(ValueError, match=r"x contains non-finite values.*first bad row 123"):
+        _loop._moments(DataView(x, torch.float32))
+    big = torch.randn(300, 7) * 3e30
+    with pytest.raises(ValueError, match="overflow"):
+        _loop._moments(DataView(big, torch.float32))

@@ -633,6 +633,38 @@ def _data_mean(
     return (shift.double() + moment).to(data.dtype), variance
 
 
+def _moments(data: DataView) -> tuple[torch.Tensor, float]:
+    """The mean row (``data.dtype``) and the mean feature variance of unweighted in-memory rows, in
+    one pass: ``torch.var_mean`` per chunk (one kernel each; fp32 rows are one chunk, as they need
+    no converted copy), merged in float64 by Chan's formula, and one host sync for the variance.
+
+    The variance is finite exactly when the rows are, short of overflow: a non-finite variance is
+    reported as ``ensure_finite`` reports rows (naming the first bad one), or as overflow. This is
+    what ``torchkm.fit`` checks its GPU rows with, instead of a pass of its own."""
+    d = data.n_features
+    whole = data.x.dtype == data.dtype and data.offset is None and not data.normalize
+    count, mean, m2 = 0, None, None
+    for start, stop, rows in data.chunks(d, chunk_size=data.n_samples if whole else None):
+        var_c, mean_c = torch.var_mean(rows, dim=0, correction=0)
+        size = stop - start
+        mean_c, m2_c = mean_c.double(), var_c.double() * size
+        if mean is None:
+            count, mean, m2 = size, mean_c, m2_c
+            continue
+        delta = mean_c - mean
+        total = count + size
+        mean = mean + delta * (size / total)
+        m2 = m2 + m2_c + delta * delta * (count * size / total)
+        count = total
+    assert mean is not None and m2 is not None
+    variance = float((m2 / count).mean())
+    if not math.isfinite(variance):
+        ensure_finite(data.x, "x")
+        raise ValueError("x's values are too large: their squared deviations from the mean overflow "
+                         f"{data.dtype} (rescale the data)")
+    return mean.to(data.dtype), variance
+
+
 # k-means++ on streamed data runs on a uniform sample of the rows held on the GPU, at most this
 # many bytes of it: k-means++ takes one pass per centroid, which over the host link would take hours.
 _INIT_SAMPLE_BYTES = 1 << 31
@@ -833,20 +865,29 @@ def fit(
         stream_to = target if _streams(x, target, streaming) else None
         if stream_to is None:
             x = x.to(target)
-            ensure_finite(x, "x")
         n, d = x.shape
         dtype = compute_dtype(x.dtype)
         weights = check_sample_weight(sample_weight, x, dtype)
         weights = None if weights is None else weights.to(target)
+        # Unweighted rows in GPU memory of one process: their mean and variance come from one
+        # reduction per chunk and one host sync, which also finds non-finite rows (see below).
+        # Elsewhere every rank checks its rows here, before any collective.
+        moments = stream_to is None and weights is None and not comm.active and x.device.type == "cuda"
+        if stream_to is None and not moments:
+            ensure_finite(x, "x")
         if normalize:
             check_nonzero_rows(x)
-    n_total = int(comm.sum_(torch.tensor([n], dtype=torch.float64, device=target))[0])
+    n_total = n if not comm.active else int(comm.sum_(torch.tensor([n], dtype=torch.float64, device=target))[0])
     check_n_clusters(n_clusters, n_total)
     # Centering keeps ||x||^2 - 2 x.c + ||c||^2 accurate for data far from the origin.
     # Streamed rows are read once for both the mean and the variance that scales tol.
-    offset, variance = (None, None) if normalize else _data_mean(
-        _as_view(x, dtype, None, False, precision, stream_to, chunk_rows), weights, comm,
-        with_variance=stream_to is not None)
+    if moments:
+        mean, variance = _moments(_as_view(x, dtype, None, normalize, precision, None, None))
+        offset = None if normalize else mean
+    else:
+        offset, variance = (None, None) if normalize else _data_mean(
+            _as_view(x, dtype, None, False, precision, stream_to, chunk_rows), weights, comm,
+            with_variance=stream_to is not None)
     data = _as_view(x, dtype, offset, normalize, precision, stream_to, chunk_rows)
 
     given = None
