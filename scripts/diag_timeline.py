@@ -103,6 +103,8 @@ def main() -> None:
     parser.add_argument("--max-iter", type=int, default=100)
     parser.add_argument("--cprofile", type=int, default=0, metavar="N",
                         help="then print the N functions with the most cumulative host time over 10 fits (cProfile)")
+    parser.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"],
+                        help="the cProfile listing's order")
     args = parser.parse_args()
     x = seed000_data(args.n, 32, args.k, args.sigma2, 1234)
     g = torch.Generator(device="cuda").manual_seed(1235)
@@ -127,7 +129,7 @@ def main() -> None:
         for _ in range(10):
             run(x, c0, args.algorithm, args.max_iter)
         profiler.disable()
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.cprofile)
+        pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.cprofile)
 
 
 if __name__ == "__main__":
