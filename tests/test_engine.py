@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torchkm
-from tests.helpers import blobs
+from tests.helpers import assert_labels_match_except_near_ties, blobs, f64_sq_distances
 
 pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()
@@ -239,3 +239,30 @@ def test_a_pass_of_a_shape_that_already_ran_is_captured_at_its_first_call():
     assert second() == ("capture" if ON_GPU else "first")
     assert second() == ("replay" if ON_GPU else "eager")
     assert float(x[0, 0]) == 3.0
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+@pytest.mark.parametrize("stop", ["max_iter", "tol"])
+def test_a_fit_stopped_before_labels_settle_labels_its_returned_centroids(monkeypatch, metric, stop):
+    # A fit that stops on tol or max_iter labels the rows once more, for the centroids it returns:
+    # the dense engine does so with one more (replayed) iteration whose update it drops.
+    rng = np.random.default_rng(11)
+    x = torch.from_numpy(blobs(rng, 500, 5, 6, offset=20.0)).to(DEVICE)
+    w = torch.from_numpy(rng.random(500).astype(np.float32) + 0.5).to(DEVICE)
+    kw = {"max_iter": 2, "tol": 0.0} if stop == "max_iter" else {"max_iter": 50, "tol": 0.5}
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    r = torchkm.fit(x, 6, init="random", random_state=4, metric=metric, sample_weight=w, algorithm="lloyd", **kw)
+    assert r.history[-1].labels_changed > 0  # not a strict stop: the labels came from the final pass
+    xs = x.double()
+    c = r.centroids.double()
+    if metric == "cosine":
+        xs = xs / xs.norm(dim=1, keepdim=True)
+    sq = f64_sq_distances(xs.cpu().numpy(), c.cpu().numpy())
+    assert_labels_match_except_near_ties(xs.cpu().numpy(), c.cpu().numpy(), r.labels.cpu().numpy(), sq.argmin(1))
+    dist = sq[np.arange(500), r.labels.cpu().numpy()] * (0.5 if metric == "cosine" else 1.0)
+    assert r.inertia == pytest.approx(float((dist * w.double().cpu().numpy()).sum()), rel=1e-5)
+    # The same fit through the separate assignment (the engine's extra iteration bypassed).
+    monkeypatch.setenv("TORCHKM_ENGINE", "torch")
+    ref = torchkm.fit(x, 6, init="random", random_state=4, metric=metric, sample_weight=w, algorithm="lloyd", **kw)
+    assert r.n_iter == ref.n_iter
+    assert r.inertia == pytest.approx(ref.inertia, rel=1e-5)

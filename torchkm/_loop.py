@@ -458,6 +458,7 @@ def lloyd(
     labels: torch.Tensor | None = None
     inertia_f = float("nan")
     engine = None
+    first_in_block = False
     hybrid = None
     kernels = _ops.uses_kernels(data) and not deterministic and data.in_memory
     kind = "lloyd"
@@ -498,13 +499,19 @@ def lloyd(
                                       block if graphs else 1, timed)
 
         engine = make_engine(kind, c)
+        # The dense engine's first iteration is the first of a block (no eager iteration of its own
+        # and no host sync after it): previous labels of -1 count every row as changed, as a first
+        # iteration does.
+        first_in_block = engine.kernel == "lloyd"
+        if first_in_block:
+            label_buffer.fill_(-1)
     it = 0
     while it < max_iter:
         t0 = time.perf_counter()
         if engine is not None:
-            # The first iteration has no previous labels; a bounds engine's first pass searches every row.
-            if it == 0 or engine.block == 1:
-                engine.iterate(has_prev=it > 0)
+            # A pruned engine's first iteration has no previous labels: its first pass searches every row.
+            if (it == 0 and not first_in_block) or engine.block == 1:
+                engine.iterate(has_prev=it > 0 or first_in_block)
                 rows = engine.read(1)
             else:
                 block = min(engine.block if hybrid is None else hybrid.max_block(engine.block), max_iter - it)
@@ -577,6 +584,13 @@ def lloyd(
     if strict:
         labels = (engine.labels if labels is None else labels).long()
         inertia = inertia_f
+    elif engine is not None and engine.kernel == "lloyd" and not comm.active:
+        # One more iteration of the dense engine (a replay): its assignment is that of ``c``, with
+        # its inertia; the centroids it then moves are dropped. Saves a separate assignment's
+        # launches and buffers.
+        engine.run_block(1)
+        inertia = engine.read(1)[0][0] * (0.5 if data.normalize else 1.0)
+        labels = engine.labels.long()
     else:
         labels, sq = _ops.assign(data, c)
         inertia = float(comm.sum_(weighted_sum(_metric_distance(sq, data.normalize), sample_weight).double().reshape(1))[0])
