@@ -394,13 +394,15 @@ def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_
     for i in range(3, 30):
         assert _dense(quick, i, 2.0 ** (1 - i)) is None
     assert not quick.near and quick.max_block(8) == 8 and asked == [4096] and quick.done
-    # The bounds engine: a trial of 3 x 0.1 s starts once 2 x that is projected (6 passes of 0.1 s).
+    # The bounds engine: a trial of 3 x 0.1 s starts once 2 x that is projected (6 passes of 0.1 s),
+    # but not before a window of shifts (its first passes search most rows): at the 8th iteration,
+    # with 8 passes projected (at most as many as have run).
     bounds = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024, tol=2.0**-30, max_iter=300)
     bounds.done = False
     _dense(bounds, 1, 1.0, how="initial")
     _dense(bounds, 2, 0.5, 0.1, how="capture", host=0.1)
-    for i in range(3, 6):
-        assert _dense(bounds, i, 2.0 ** (1 - i)) is None and bounds.near
-    assert _dense(bounds, 6, 2.0**-5) == "pruned" and bounds.trying
+    for i in range(3, bounds.window):
+        assert _dense(bounds, i, 2.0 ** (1 - i)) is None and not bounds.near and bounds.max_block(8) == 8
+    assert _dense(bounds, bounds.window, 2.0 ** (1 - bounds.window)) == "pruned" and bounds.trying
     assert bounds.setup_seconds() == 0.0 and asked == [4096]
-    assert bounds.budget == pytest.approx((bounds.spent + 0.6) * bounds.trial_share)
+    assert bounds.budget == pytest.approx((bounds.spent + 0.8) * bounds.trial_share)
