@@ -266,7 +266,9 @@ class _Hybrid:
     So where a dense pass outlasts an iteration's host work, the trial (box or bounds engine) also
     starts as soon as the dense passes the fit is projected to still run cost ``payback`` times the
     trial (``remaining_iterations``), and its budget is then ``trial_share`` of the time spent plus
-    those projected passes.
+    those projected passes. The bounds engine's early start waits for ``window`` iterations: its
+    first passes still search most rows, and the projection (capped at the iterations run) gives
+    an early trial little budget for them.
     """
 
     patience = 3
