@@ -369,7 +369,13 @@ class _Hybrid:
             # iteration's launches (10M x 2, k = 32 on an H200: 0.2 against about 1 ms), the trial's
             # host-bound passes cost more than its passes save, and a trial started on projection
             # cost 16 % of the fit.
-            early = self._device_bound()
+            # The bounds engine starts early only from a full window of shifts. Its first passes
+            # search most rows, and an early trial's budget is small: the projection behind it is
+            # capped at the iterations run. H200, 3.9M x 32, k = 1024, sigma^2 = 0.05, bench_prune's
+            # data seed 76264: from three shifts, 93 dense iterations and 6 pruned (1.013x of
+            # dense; pruned alone 0.40x); from a window, 9 dense and 91 pruned (0.373x). The box
+            # engine's set-up is what its early start pays back (it settles rows at once).
+            early = self._device_bound() and (self.box or len(self._shifts) >= self.window)
             if not early and len(self._shifts) >= self.window:
                 # Host-bound passes: only the trial_share rule could start a trial. Where the fit is
                 # projected to end before it does, judging costs the fit and gains nothing (timed
@@ -380,14 +386,6 @@ class _Hybrid:
                     logger.debug("auto: a %.3g ms fit leaves no room for a trial of %.3g ms; staying dense",
                                  projected * 1e3, cost * 1e3)
                     return None
-            # The bounds engine starts early only from a full window of shifts. Its first passes
-            # search most rows, and an early trial's budget is small: the projection behind it is
-            # capped at the iterations run. H200, 3.9M x 32, k = 1024, sigma^2 = 0.05, bench_prune's
-            # data seed 76264: from three shifts, 93 dense iterations and 6 pruned (1.013x of
-            # dense; pruned alone 0.40x); from a window, 9 dense and 91 pruned (0.373x). The box
-            # engine's set-up is what its early start pays back (it settles rows at once).
-            if not self.box and len(self._shifts) < self.window:
-                early = False
             remaining = self.remaining_iterations(stats.iteration) * self.dense_seconds if early else 0.0
             self.near = early and remaining >= cost + (self._setup or 0.0)
             # The cheap test first: the set-up's estimate may take a measurement.
