@@ -64,11 +64,18 @@ class ReplayedPass:
         self.host_seconds: list[float] = []  # host time of each call since ``begin``
         self.kinds: list[str] = []  # how each call since ``begin`` ran
         self._single: str | None = None
+        # Timing events, reused block after block (the call at position i of a block records pair
+        # i), and the stream they record on, looked up once a block: on an H200 host a pair of
+        # ``Event.record()`` calls took 26 us, 19 of them looking up the current stream; timing a
+        # block of 8 passes cost about 0.2 ms, 4 % of a 5 ms fit (245,760 x 32, k = 32).
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._stream: torch.cuda.Stream | None = None
 
     def begin(self, single: str | None = None) -> None:
         """Start a block of calls; ``single``: instead, the engine runs one pass of its own, of that
         kind, outside (untimed)."""
         self._marks, self.host_seconds, self.kinds, self._single = [], [], [], single
+        self._stream = None
 
     def read(self, rows: int) -> tuple[list[str], list[float | None], list[float | None]]:
         """How each of the first ``rows`` calls since ``begin`` ran, its time (``seconds``) and its
@@ -85,10 +92,15 @@ class ReplayedPass:
             started = time.perf_counter()
             run()
             return time.perf_counter() - started
-        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        events[0].record()
+        if self._stream is None:
+            self._stream = torch.cuda.current_stream(self.device)
+        position = len(self._marks)
+        while len(self._events) <= position:
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        events = self._events[position]
+        events[0].record(self._stream)
         run()
-        events[1].record()
+        events[1].record(self._stream)
         return events
 
     def __call__(self) -> str:
