@@ -254,7 +254,13 @@ class _Hybrid:
     get better quickly). After ``patience`` such passes in a row, or once the judged passes together
     have cost more than the dense reference by ``trial_share`` of the time spent before the trial
     (rising or not: settling in too slowly does not pay either), the dense engine, kept from the
-    start, finishes the run (like seed 000's, the decision is final). Problems too small for the
+    start, finishes the run (like seed 000's, the decision is final). ``patience`` is long because
+    the bounds engine's skipped fraction is noisy from pass to pass while centroids still move (a
+    large move loosens many bounds at once): at 3.9M x 32, k = 1024, sigma^2 = 0.05 (H200,
+    bench_prune's data seed 85711) the trial's passes 3-7 skipped 0.00, 0.20, 0.21, 0.20 and 0.10
+    of the rows, each slower than a dense pass, and the next ones 0.75 and 0.79 in 0.38x its
+    time; with a patience of 3 that trial ended there and the fit took 1.00x dense Lloyd's time
+    where ``"pruned"`` took 0.47x. A failing trial still ends on its budget. Problems too small for the
     choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense;
     so do fits whose passes are host-bound once, after ``window`` iterations, the fit is projected
     to end before the ``trial_share`` rule could start a trial (judging then only costs time).
@@ -271,7 +277,8 @@ class _Hybrid:
     an early trial little budget for them.
     """
 
-    patience = 3
+    patience = 6
+    trial_block = 4  # a trial's blocks (and the dense blocks while one is near): hand-over within 4 passes
     plateau = 0.02  # a rise of the skipped fraction below this is no longer the bounds settling in
     trial_share = 0.05
     trial_passes = 3  # the trial's host-bound passes: the full pass, the first settle pass, the capture
@@ -314,9 +321,9 @@ class _Hybrid:
         return self.trial_passes * sum(self._host_costs) / len(self._host_costs)
 
     def max_block(self, block: int) -> int:
-        """The dense engine's next block: at most ``patience + 1`` passes while an early trial is near."""
+        """The dense engine's next block: at most ``trial_block`` passes while an early trial is near."""
         shorten = self.near and self._device_bound() and not (self.trying or self.done)
-        return min(block, self.patience + 1) if shorten else block
+        return min(block, self.trial_block) if shorten else block
 
     def _device_bound(self) -> bool:
         """Whether a dense pass outlasts the host's work per iteration (there extra syncs are free)."""
@@ -502,7 +509,7 @@ def lloyd(
                                                   graphs, comm.sum_ if comm.active else None, timed)
                 return engines[kind]
             # The hybrid reads its trial in short blocks: it hands over within a block of the verdict.
-            block = min(_GRAPH_BLOCK, _Hybrid.patience + 1) if timed else _GRAPH_BLOCK
+            block = min(_GRAPH_BLOCK, _Hybrid.trial_block) if timed else _GRAPH_BLOCK
             return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data),
                                       block if graphs else 1, timed)
 
