@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from bench_lloyd import centred_view, default_tol
-from bench_prune import seed000_data
+from bench_prune import paired_ratio, seed000_data
 
 from torchkm import _loop
 
@@ -104,7 +104,7 @@ def main() -> None:
             row = {
                 "n": args.n, "k": k, "sigma2": sigma2, "runs": runs,
                 "median_ms": {a: statistics.median(ms[a]) for a in ALGORITHMS},
-                "paired_ratio": statistics.median(a / b for a, b in zip(ms["auto"], ms["lloyd"])),
+                "paired_ratio": paired_ratio(ms["auto"], ms["lloyd"]),
                 "ms_per_iter": {a: statistics.median(r[0] / r[1] for r in runs[a]) for a in ALGORITHMS},
             }
             rows.append(row)
