@@ -170,7 +170,7 @@ def carries(k: int, d: int) -> bool:
     few addresses; carried, a (persistent) program adds its ``(k x d)`` partial once, at its end.
     On an H200 the settle pass of 3.9M x 32, k = 32 went from 1.19 to 0.60 ms and a dense Lloyd
     iteration there from 3.08 to 2.20 ms (``scripts/diag_prune.py``). The one-hot product itself
-    (fp32 FMAs) remains the larger cost of the sums (``scripts/diag_update.py``). The partial lives
+    remains the larger cost of the sums (``scripts/diag_update.py``; see ``onehot_sums``). The partial lives
     in registers beside a whole row tile, so only for rows of at most 64 features.
     """
     return k <= onehot_max_k(d) and triton.next_power_of_2(d) <= 64
@@ -223,11 +223,47 @@ def carry_rows(acc_sums, acc_counts, labels, w, xr, KP: tl.constexpr):
     return acc_sums, acc_counts + tl.sum(onehot * w[:, None], axis=0)
 
 
+# The one-hot product of the sums: three bf16 products on the tensor cores (default), or fp32 FMAs
+# (``TORCHKM_ONEHOT_SUMS=ieee``, experiments). Read when the kernels are first compiled.
+ONEHOT_BF16X3 = tl.constexpr(os.environ.get("TORCHKM_ONEHOT_SUMS", "bf16x3") != "ieee")
+# Triton's interpreter multiplies bf16 operands wrongly (3.9: a product with the identity came out
+# 1e9 off), so there the bf16 parts are multiplied as fp32 values (exactly the same products).
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def _dot_bf16(a, b, acc):
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
 @triton.jit
 def onehot_sums(onehot, rows, acc):
-    """``acc + onehot^T @ rows`` in exact fp32 products. (3xTF32 on the tensor cores measured slower:
-    on an H200, a fused pass over 3.9M rows of 32 features with k = 32 took 2.4 ms against 1.9 ms,
-    ``scripts/diag_update.py``.)"""
+    """``acc + onehot^T @ rows`` (``onehot`` BLOCK_N x KP of 0 / 1, ``rows`` BLOCK_N x DP, fp32).
+
+    The rows are split into three bf16 parts, ``hi + mid + lo``, each the rounding of what the parts
+    before it left: together they hold a row to within 2^-27 of its value (below fp32's own
+    rounding, 2^-24), the 0 / 1 weights are exact in bf16 and the tensor cores add the products in
+    fp32. The tile's partial is summed from its smallest part up, then added to ``acc`` once. The
+    fp32 FMA product (``TORCHKM_ONEHOT_SUMS=ieee``) is the sums' larger cost where few clusters
+    pre-reduce a tile: H200, fused pass at 3.9M rows of 32 features, k = 32, fp32, search alone 0.31
+    (fast) / 0.55 ms (exact), with the FMA sums 0.85 / 0.96 ms, with these 0.69 / 0.89; 3.9M x 17,
+    k = 7: 1.11 / 1.32 -> 0.86 / 0.97; 1M x 64, k = 64: 0.56 / 0.85 -> 0.49 / 0.77
+    (``scripts/diag_update.py``, 2026-11-27; fused sums within 4.5-7.1e-7 of float64 ones, relative
+    to the largest, as with the FMAs). (Triton's own 3xTF32 product, which splits both operands,
+    had measured slower than the FMAs there: 2.4 against 1.9 ms, an older kernel.)
+    """
+    if ONEHOT_BF16X3:
+        weights = tl.trans(onehot).to(tl.bfloat16)
+        hi = rows.to(tl.bfloat16)
+        rest = rows - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        part = _dot_bf16(weights, lo, tl.zeros(acc.shape, tl.float32))
+        part = _dot_bf16(weights, mid, part)
+        part = _dot_bf16(weights, hi, part)
+        return acc + part
     return tl.dot(tl.trans(onehot), rows, acc, input_precision="ieee")
 
 

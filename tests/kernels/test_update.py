@@ -54,3 +54,35 @@ def test_bad_arguments():
         update(x, torch.zeros(10, device=DEVICE), 2, deterministic=True)
     with pytest.raises(ValueError, match="n_clusters"):
         update(x, torch.zeros(10, dtype=torch.int64, device=DEVICE), 0)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_onehot_sums_keep_every_bit_of_fp32_rows(fused):
+    """The one-hot sums (few clusters) multiply rows split into three bf16 parts: together exact for
+    these rows, whose 22 significant bits need all three (1 + 3 2^-12 + 5 2^-21 splits into 1,
+    3 2^-12 + 2^-18 and -3 2^-21). Four rows a cluster keep every fp32 sum exact, so the sums must
+    equal float64's bit for bit: two parts alone would be 2^-19 off."""
+    from torchkm._kernels.assign import assign
+
+    k, d = 3, 17  # d > 8: the tensor-core pass (the small-d kernel sums in registers)
+    value = 1 + 3 * 2.0**-12 + 5 * 2.0**-21
+    g = torch.Generator().manual_seed(7)
+    labels = torch.arange(4 * k) % k
+    # Per cluster a sign and a power of two, per feature a power of two: sums stay exact.
+    cluster = torch.tensor([1.0, -1.0, 2.0], dtype=torch.float64)[labels, None]
+    scale = 2.0 ** torch.randint(-40, 40, (1, d), generator=g).double()
+    x = (cluster * value * scale).contiguous()
+    assert torch.equal(x.float().double(), x)
+    ref = torch.zeros(k, d, dtype=torch.float64).index_add_(0, labels, x)
+    x = x.float().to(DEVICE)
+    if fused:
+        # The assignment pass's own sums: centroids at the rows' values, each row its cluster's.
+        c = torch.stack([x[labels == j][0] for j in range(k)])
+        sums = torch.zeros(k, d, device=DEVICE)
+        counts = torch.zeros(k, device=DEVICE)
+        out = assign(x, c, precision="exact", sums=sums, counts=counts)
+        assert torch.equal(out.labels.cpu(), labels)
+    else:
+        sums, counts = update(x, labels.to(DEVICE), k)
+    assert torch.equal(sums.double().cpu(), ref)
+    assert torch.equal(counts.cpu(), torch.full((k,), 4.0))
