@@ -82,18 +82,6 @@ def test_cuda_default_reruns_agree(x_cpu):
     torch.testing.assert_close(a.centroids, b.centroids, rtol=1e-4, atol=1e-4)
 
 
-def test_cuda_stream_handle_is_the_current_streams():
-    """The keys of kept query passes and replayed VQ steps hold the current stream's raw handle,
-    read without building a ``Stream``: it must be the current stream's, on a side stream too."""
-    from torchkm import _ops
-
-    for device in (torch.device("cuda"), torch.device("cuda", torch.cuda.current_device())):
-        assert _ops.stream_handle(device) == torch.cuda.current_stream(device).cuda_stream
-        side = torch.cuda.Stream(device)
-        with torch.cuda.stream(side):
-            assert _ops.stream_handle(device) == side.cuda_stream != torch.cuda.default_stream(device).cuda_stream
-
-
 @pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 def test_cuda_graph_iterations_match_launches_from_python(x_and_init, monkeypatch, metric):
     # Small problems replay the iteration as a CUDA graph; the same fit without it must agree.

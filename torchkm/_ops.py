@@ -504,13 +504,6 @@ def settings() -> tuple:
     return _settings()
 
 
-def stream_handle(device: torch.device) -> int:
-    """The raw handle of ``device``'s current CUDA stream (cheaply: see the kernels' ``stream_handle``)."""
-    from ._kernels._common import stream_handle as handle
-
-    return handle(device)
-
-
 def replayed_call(holder: object, aliased: bool = False) -> Any:
     """A new ``ReplayedCall`` of the kernels (``fn(static)`` captured as a CUDA graph at its first
     call, replayed after copying the inputs in; ``aliased``: reading them in place, for inputs at

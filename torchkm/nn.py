@@ -154,7 +154,7 @@ class _ReplayedSteps:
     def key(self, layer: VectorQuantizer, flat: torch.Tensor) -> tuple:
         buffers = tuple(t.data_ptr() for t in (layer.codebook, layer.cluster_size, layer.embed_sum))
         return (tuple(flat.shape), flat.dtype, tuple(flat.stride()), flat.data_ptr() % 16, flat.device,
-                _ops.stream_handle(flat.device), buffers, layer.precision, layer.metric,
+                torch.cuda.current_stream(flat.device).cuda_stream, buffers, layer.precision, layer.metric,
                 layer.decay, layer.eps, layer.dead_code_threshold, torch.is_inference_mode_enabled(), _ops.settings())
 
     def __call__(self, layer: VectorQuantizer, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

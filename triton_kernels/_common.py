@@ -34,15 +34,6 @@ def launcher(kernel):
     return wrap(kernel)
 
 
-def stream_handle(device: torch.device) -> int:
-    """The raw handle of ``device``'s current CUDA stream, what ``torch.cuda.current_stream(device)
-    .cuda_stream`` gives, without building a ``Stream`` object first: that took about 10 us of
-    host time per call on an H200 host (2026-11-27), paid by every replayed VQ step and query pass
-    for its key. Triton's launcher reads the stream the same way."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch._C._cuda_getCurrentRawStream(index)
-
-
 def capture(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
     """``run``'s launches captured as a CUDA graph (nothing runs). Unlike ``torch.cuda.graph``, no
     device synchronisation and no emptying of the allocator's cache first: the cache stays warm for

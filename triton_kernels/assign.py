@@ -96,7 +96,6 @@ from ._common import (
     onehot_max_k,
     onehot_width,
     persistent_grid,
-    stream_handle,
     transform_rows,
     unused,
 )
@@ -1539,7 +1538,7 @@ def _reusable_key(inputs: dict[str, torch.Tensor | None], k: int, precision: str
     if x.device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             return None
-        stream = stream_handle(x.device)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
     return launch_key("assign", k, inputs, stream=stream, precision=precision, update=update, scaled=scaled,
                       store_sq_dist=store_sq_dist, inference=torch.is_inference_mode_enabled(), settings=settings)
 
