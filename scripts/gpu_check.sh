@@ -9,7 +9,8 @@
 # bench_vq.py and the VQ-VAE example against vector-quantize-pytorch, whose wheels and those of its
 # dependencies are carried in .whl too). Logs, pictures and JSON go to $OUT.
 # GPU_CHECK_SKIP_TESTS=1 runs the benchmarks only; PYTEST_ARGS picks tests (default: all of tests/,
-# about 9 minutes on an H100: near the tool's 10-minute limit, so split it over calls).
+# more than the tool's 10-minute limit on an H200 in 2026-11: tests/kernels/test_assign.py alone
+# took 5 minutes; split it over calls, e.g. with scripts/gpu_tests.sh).
 # "scale" runs bench_scale.py on 1, 2 and 4 GPUs as far as the machine has them (SCALE_ARGS);
 # "boxes" scripts/diag_boxes.py (the box engine's pass against the dense one; BOXES_ARGS).
 set -uo pipefail
