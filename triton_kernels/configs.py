@@ -15,7 +15,8 @@ searches multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precisio
 only the first; see ``assign.AssignPass``) and ``TORCHKM_REUSE_PASSES=0`` (``assign`` builds a new pass
 for every call instead of reusing one per shape; see ``assign._reusable_key``) and
 ``TORCHKM_REPLAY_QUERIES=0`` (kept query passes run their launches eagerly instead of as a replayed
-CUDA graph; see ``assign._KeptPass``).
+CUDA graph; see ``assign._KeptPass``) and ``TORCHKM_ONEHOT_SUMS=ieee`` (the one-hot sums of few
+clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums``).
 """
 
 from __future__ import annotations
