@@ -217,8 +217,9 @@ def carry_rows(acc_sums, acc_counts, labels, w, xr, KP: tl.constexpr):
 # The one-hot product of the sums: three bf16 products on the tensor cores (default), or fp32 FMAs
 # (``TORCHKM_ONEHOT_SUMS=ieee``, experiments). Read when the kernels are first compiled.
 ONEHOT_BF16X3 = tl.constexpr(os.environ.get("TORCHKM_ONEHOT_SUMS", "bf16x3") != "ieee")
-# Triton's interpreter multiplies bf16 operands wrongly (3.9: a product with the identity came out
-# 1e9 off), so there the bf16 parts are multiplied as fp32 values (exactly the same products).
+# Triton's interpreter multiplies bf16 operands wrongly: it holds them as uint16 and multiplies the
+# bit patterns (triton-lang/triton#11584, "not supported yet"; 3.9: a product with the identity came
+# out 1e9 off). So there the bf16 parts are multiplied as fp32 values (exactly the same products).
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
