@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torchkm._kernels.assign import assign
 from torchkm._kernels.update import update, update_reference
 
 from tests.kernels.conftest import DEVICE, ON_GPU
@@ -62,8 +63,6 @@ def test_onehot_sums_keep_every_bit_of_fp32_rows(fused):
     these rows, whose 22 significant bits need all three (1 + 3 2^-12 + 5 2^-21 splits into 1,
     3 2^-12 + 2^-18 and -3 2^-21). Four rows a cluster keep every fp32 sum exact, so the sums must
     equal float64's bit for bit: two parts alone would be 2^-19 off."""
-    from torchkm._kernels.assign import assign
-
     k, d = 3, 17  # d > 8: the tensor-core pass (the small-d kernel sums in registers)
     value = 1 + 3 * 2.0**-12 + 5 * 2.0**-21
     g = torch.Generator().manual_seed(7)
