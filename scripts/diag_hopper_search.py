@@ -7,6 +7,7 @@ measured in the same run); and for each exact variant its labels against float64
 and its sums (``bench_lloyd.check``). Prints a table and writes JSON.
 
     python scripts/diag_hopper_search.py [--only SIFT-like VQ-batch sift] [--dtypes float32 bfloat16] [--json out.json]
+        [--searches hopper] [--packed 1 no-half]
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def main() -> None:
     parser.add_argument("--chunk-rows", nargs="*", default=[],
                         help="also time the Hopper passes with these TORCHKM_HOPPER_CHUNK_ROWS (0: the default); "
                              "ROWS,0: with TORCHKM_HOPPER_OVERLAP=0 (one stream)")
+    parser.add_argument("--packed", nargs="*", default=["1"],
+                        help="time the Hopper passes under each of these TORCHKM_HOPPER_PACKED settings "
+                             "(1: the default, no-half: fp16 operands unpacked, 0: nothing packed)")
     parser.add_argument("--configs", nargs="*", default=[],
                         help="also time the search alone under these BLOCK_N,BLOCK_K,STAGES,warps configs")
     args = parser.parse_args()
@@ -110,12 +114,13 @@ def main() -> None:
                 for label, check_ in [("search alone, fast", False), ("search alone, exact (best two + third)", True)]:
                     rows.append({**base, "variant": label, "ms": search_ms(x, c, check_)})
                 rows.extend(config_rows(base, x, c, args.configs))
+            variants = [("tl.dot", "0", "1")] + [("hopper", "1", packed) for packed in args.packed]
             for precision in ("fast", "exact"):
-                for search, setting in (("tl.dot", "0"), ("hopper", "1")):
+                for search, setting, packed in variants:
                     if search not in args.searches:
                         continue
-                    label = f"pass, {precision}, {search}"
-                    with env(TORCHKM_HOPPER_SEARCH=setting):
+                    label = f"pass, {precision}, {search}" + (f", packed={packed}" if search == "hopper" else "")
+                    with env(TORCHKM_HOPPER_SEARCH=setting, TORCHKM_HOPPER_PACKED=packed):
                         row = {**base, "variant": label, "ms": pass_ms(x, c, precision)}
                         if precision == "exact":
                             row.update(check(x, c))

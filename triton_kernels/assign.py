@@ -27,7 +27,8 @@ Precision (``precision=``):
                fp32 rows take the streamed eager search (rows wider than one feature chunk, not on
                the Hopper search), they multiply fp16 operands instead: as many significant bits as
                tf32 (11), at twice its rate; so do rows of a multiple of 8 features on the Hopper
-               search (unpacked there). Rows and centroids are scaled by one power of two into
+               search (packed there, ``hopper_search.packed``). Rows and centroids are scaled by one
+               power of two into
                fp16's range (from the largest |x| and 2|c|, one small launch per pass), the rows
                copied a chunk at a time (at most ``HALF_ROWS_BYTES``; the Hopper search converts
                its resident row tile itself); the exact mode's bound keeps
@@ -1711,12 +1712,14 @@ class AssignPass:
             # subnormals. ``TORCHKM_HALF_OPERANDS=0``: tf32 products (experiments).
             # The Hopper search takes them too, converting each row tile as it loads it (once per
             # program, then resident); the fp16 centroids need 16-byte rows for TMA (d a multiple
-            # of 8). Unpacked there (the bias and row term as fp16 operands would overflow), so the
-            # fast mode keeps packed tf32 where rows fit its wide tiles (H200, Lloyd iteration, ms,
-            # tf32 -> fp16, bench_lloyd 2026-11-22: 1M x 128, k = 4096, exact 4.57 -> 4.34, fast
-            # 3.45 -> 3.56; 32,768 x 256, k = 8192, exact 0.97 -> 0.86, fast 0.84 -> 0.62, the
-            # search alone 0.80 -> 0.40). Not in traced passes.
-            hopper_half = (self.hopper and not self.traced and (self.check or d * x.element_size() > 512)
+            # of 8). Unpacked, fp16 operands paid off only in the exact mode and for rows over 512
+            # bytes (H200, Lloyd iteration, ms, tf32 -> fp16, bench_lloyd 2026-11-22: 1M x 128,
+            # k = 4096, exact 4.57 -> 4.34, fast 3.45 -> 3.56; 32,768 x 256, k = 8192, exact 0.97
+            # -> 0.86, fast 0.84 -> 0.62, the search alone 0.80 -> 0.40); packed (the bias and row
+            # term as fp16 parts, ``hopper_search.packed``), the fast mode takes them everywhere.
+            # Not in traced passes.
+            hopper_half = (self.hopper and not self.traced
+                           and (self.check or d * x.element_size() > 512 or hopper_search.packed(x, k, half=True))
                            and hopper_search.supported(x, k, scaled=False, split=False, row_list=False,
                                                        dtype=torch.float16))
             self.half = (os.environ.get("TORCHKM_HALF_OPERANDS", "1") != "0" and x.dtype == torch.float32
@@ -1825,8 +1828,9 @@ class AssignPass:
                                         self.chunk_rows, dtype=torch.float32, device=x.device)
         offset = main["offset_ptr"] if main["HAS_OFFSET"] else None
         # The packed search's centroid operand, once for all chunks (a traced search makes its own).
-        packed = hopper_search.packed(x, self.k) and not self.traced and not half
-        operands = hopper_search.search_operands(prepared.bias, x.dtype) if packed else None
+        packed = hopper_search.packed(x, self.k, half=half) and not self.traced
+        operands = (hopper_search.search_operands(prepared.bias, torch.float16 if half else x.dtype) if packed
+                    else None)
         caller = torch.cuda.current_stream(x.device) if self.overlap else None
         for stream in self.search_streams:
             stream.wait_stream(caller)  # the prepared centroids, the control word
@@ -1894,7 +1898,7 @@ class AssignPass:
             return {"bound_coef": gap_bound_coefficient(dtype, d, split=self.split), "bias_coef": 0.0,
                     "DISTANCE_BOUND": False}
         # The packed Hopper search sums 6 more terms into each score (its bias and the row's term,
-        # three parts each): its products count as d + 8.
+        # three parts each; 8 with fp16 operands, four parts each): its products count as d + 8.
         bound, bias = score_bound_coefficients(dtype, d + 8 if packed else d, split=self.split)
         third = os.environ.get("TORCHKM_EXACT_THIRD", "1") != "0"
         return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": 2 if third else 1}
@@ -2010,7 +2014,7 @@ class AssignPass:
         split_research = bool(self.recheck_grid) and self.research_chunks > 1
         keys = self.research_keys if split_research else spare("keys", torch.int64)
         bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
-                                           packed=searched and not half and hopper_search.packed(x, self.k))
+                                           packed=searched and hopper_search.packed(x, self.k, half=half))
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).

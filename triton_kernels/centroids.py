@@ -48,10 +48,14 @@ def block_frozen(control_ptr, stats_prev_ptr, iteration, tol, CHECK_STOP: tl.con
     return frozen
 
 
-# fp16 operands for fp32 rows: the scaled rows and centroids stay below 2^15 (fp16's largest finite
-# value is 65504), and the scale within [2^-60, 2^60] so that s^2 and s^-2 are normal fp32 numbers.
-# (So values up to about 2^74 fit; fp32 squared distances overflow from 2^64 anyway.)
-HALF_TOP_EXPONENT = 14
+# fp16 operands for fp32 rows: the scaled rows and centroids stay below 2^9, and the scale within
+# [2^-60, 2^60] so that s^2 and s^-2 are normal fp32 numbers. (So values up to about 2^68 fit; fp32
+# squared distances overflow from 2^64 anyway.) Not nearer fp16's largest finite value (65504): the
+# packed Hopper search adds each centroid's bias and each row's squared norm, in the products' s^2
+# units, as fp16 parts times powers of two no larger than 2^15 (``hopper_search``), so those terms
+# must stay below 2^31; with rows of up to 256 features they stay below 2^29. The price is the
+# subnormal range: elements below 2^-22 M (was 2^-28 M) lose bits, which ``half_row_floor`` covers.
+HALF_TOP_EXPONENT = 8
 HALF_SCALE_LIMIT = 60
 _HALF_TOP_EXPONENT = tl.constexpr(HALF_TOP_EXPONENT)
 _HALF_SCALE_LIMIT = tl.constexpr(HALF_SCALE_LIMIT)
@@ -66,7 +70,7 @@ def _row_block_d(d: int) -> int:
 
 @triton.jit
 def _half_scale(parts_ptr, n_parts, d):
-    """(s, row floor) from the partial maxima: s the power of two with s M in [2^14, 2^15) for M the
+    """(s, row floor) from the partial maxima: s the power of two with s M in [2^8, 2^9) for M the
     largest |x| and 2 |c| (1 for M = 0), clamped to [2^-60, 2^60]; the floor 2^-13 sqrt(d) / s (see
     ``half_row_floor``)."""
     offs = tl.arange(0, 256)
@@ -392,7 +396,7 @@ def prepare_centroids(
 
 
 def half_scale_reference(x: torch.Tensor, c32: torch.Tensor) -> float:
-    """The power of two ``s`` of fp16 operands (``_half_scale``): ``s M`` in [2^14, 2^15) for M the
+    """The power of two ``s`` of fp16 operands (``_half_scale``): ``s M`` in [2^8, 2^9) for M the
     largest of |x| and 2 |c|, 1 for M = 0, clamped to [2^-60, 2^60]."""
     m = max(float(x.float().abs().max()) if x.numel() else 0.0, 2.0 * float(c32.abs().max()) if c32.numel() else 0.0)
     if m == 0.0:

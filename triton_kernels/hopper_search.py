@@ -27,9 +27,10 @@ The record's values are then lowered by what the cleared bits and the row term's
 
 fp16 operands (``half_scale``, fp32 rows of a multiple of 8 features, see ``assign.py``): each
 program loads its fp32 row tile itself, scales it by the pass's power of two and stores it as fp16
-in shared memory, once, before the centroid tiles stream past it (unpacked: the bias and row term
-would overflow fp16 operands). The products then run at the 16-bit rate; the record is in the
-scaled units, which the epilogue scales back.
+in shared memory, once, before the centroid tiles stream past it. The products then run at the
+16-bit rate; the record is in the scaled units, which the epilogue scales back. Packed there too:
+the bias and the row term, too large for fp16, enter as four fp16 parts each against powers of two
+(``HALF_PART_SCALES``) on the other side.
 
 GPU-only: Gluon does not run under ``TRITON_INTERPRET=1``. ``supported`` says when the launcher
 applies; everything else takes the ``tl.dot`` search.
@@ -220,10 +221,20 @@ def record_rows(check: bool) -> int:
 # the error of its fp32 sum into the product, relative to it.
 ROW_MARGIN_VALUE = 2.0 ** -5
 ROW_SLACK_VALUE = 2.0 ** -17
+# fp16 operands cannot hold the bias or the row term (up to 2^29 in the products' units, see
+# ``centroids.HALF_TOP_EXPONENT``), so each enters as four fp16 parts, each against one of these
+# powers of two on the other side: v = sum(part_i * HALF_PART_SCALES[i]), to within 2^-44 |v| + 2^-39.
+HALF_PART_SCALES = (2.0 ** 15, 2.0 ** 4, 2.0 ** -7, 2.0 ** -14)
+# fp16 padding centroids: the first part at fp16's largest value, a bias of about 2^31.
+_HALF_PAD_PART = 65504.0
 
 if gluon is not None:
     ROW_MARGIN = gl.constexpr(ROW_MARGIN_VALUE)
     ROW_SLACK = gl.constexpr(ROW_SLACK_VALUE)
+    HALF_P0 = gl.constexpr(HALF_PART_SCALES[0])
+    HALF_P1 = gl.constexpr(HALF_PART_SCALES[1])
+    HALF_P2 = gl.constexpr(HALF_PART_SCALES[2])
+    HALF_P3 = gl.constexpr(HALF_PART_SCALES[3])
 
     @gluon.jit
     def _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK: gl.constexpr, PACKED: gl.constexpr,
@@ -290,32 +301,60 @@ if gluon is not None:
         return _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK, PACKED, TILE_BITS)
 
     @gluon.jit
-    def _row_term(x_smem, e_smem, offset_ptr, d, BLOCK_N: gl.constexpr, DP: gl.constexpr, EXTRA_K: gl.constexpr,
-                  HAS_OFFSET: gl.constexpr, TF32: gl.constexpr, num_warps: gl.constexpr, layout: gl.constexpr):
+    def _row_term(x_smem, e_smem, offset_ptr, half_ptr, d, BLOCK_N: gl.constexpr, DP: gl.constexpr,
+                  EXTRA_K: gl.constexpr, HAS_OFFSET: gl.constexpr, TF32: gl.constexpr, HALF: gl.constexpr,
+                  num_warps: gl.constexpr, layout: gl.constexpr):
         # The row tile's extra operand: ones against the centroids' three bias parts, then the row's
         # squared norm (centred) in three parts against their ones. With it a score is the squared
         # distance (a little more: ROW_MARGIN keeps the rounding of near-zero distances above zero,
         # where the float order of the keys would reverse). Returns the row term as added, in the
-        # products' row layout.
+        # products' row layout. HALF (fp16 operands, the rows scaled by s): four parts each way,
+        # against the powers of two HALF_PART_SCALES, in the products' s^2 units.
         rows_layout: gl.constexpr = gl.BlockedLayout([1, DP // 32], [1, 32], [num_warps, 1], [1, 0])
         xt = x_smem.load(rows_layout).to(gl.float32)
         if HAS_OFFSET:
             dims = gl.arange(0, DP, layout=gl.SliceLayout(0, rows_layout))
             mean = gl.load(offset_ptr + dims, mask=dims < d, other=0.0)
+            if HALF:
+                mean = mean * gl.load(half_ptr)
             xt = gl.where(gl.expand_dims(dims < d, 0), xt - gl.expand_dims(mean, 0), 0.0)
         term = gl.sum(xt * xt, axis=1)
         term = term + term * ROW_MARGIN
         e_layout: gl.constexpr = gl.BlockedLayout([1, EXTRA_K], [32, 1], [num_warps, 1], [1, 0])
         term_e = gl.convert_layout(term, gl.SliceLayout(1, e_layout))
-        hi, mid, lo = _split3(term_e, TF32)
         cols = gl.expand_dims(gl.arange(0, EXTRA_K, layout=gl.SliceLayout(0, e_layout)), 0)
-        ones = gl.where(cols < 3, 1.0, 0.0)
-        extra = gl.where(cols == 3, gl.expand_dims(hi, 1),
-                         gl.where(cols == 4, gl.expand_dims(mid, 1), gl.where(cols == 5, gl.expand_dims(lo, 1), ones)))
+        if HALF:
+            p0, p1, p2, p3, added = _split_half(term_e)
+            scales = gl.where(cols == 0, HALF_P0, gl.where(cols == 1, HALF_P1, gl.where(cols == 2, HALF_P2,
+                                                                                      gl.where(cols == 3, HALF_P3, 0.0))))
+            extra = gl.where(cols == 4, gl.expand_dims(p0, 1),
+                             gl.where(cols == 5, gl.expand_dims(p1, 1),
+                                      gl.where(cols == 6, gl.expand_dims(p2, 1),
+                                               gl.where(cols == 7, gl.expand_dims(p3, 1), scales))))
+        else:
+            hi, mid, lo = _split3(term_e, TF32)
+            added = hi + mid + lo
+            ones = gl.where(cols < 3, 1.0, 0.0)
+            extra = gl.where(cols == 3, gl.expand_dims(hi, 1),
+                             gl.where(cols == 4, gl.expand_dims(mid, 1), gl.where(cols == 5, gl.expand_dims(lo, 1),
+                                                                                  ones)))
         e_smem.store(extra.to(e_smem.dtype))
         fence_async_shared()
         gl.thread_barrier()
-        return gl.convert_layout(hi + mid + lo, gl.SliceLayout(1, layout))
+        return gl.convert_layout(added, gl.SliceLayout(1, layout))
+
+    @gluon.jit
+    def _split_half(v):
+        # v as four fp16 parts of HALF_PART_SCALES (each the remainder so far, rounded to fp16; the
+        # remainders are exact in fp32), as fp32 values, and their sum as the products add it.
+        p0 = (v * (1.0 / HALF_P0)).to(gl.float16).to(gl.float32)
+        r = v - p0 * HALF_P0
+        p1 = (r * (1.0 / HALF_P1)).to(gl.float16).to(gl.float32)
+        r = r - p1 * HALF_P1
+        p2 = (r * (1.0 / HALF_P2)).to(gl.float16).to(gl.float32)
+        r = r - p2 * HALF_P2
+        p3 = (r * (1.0 / HALF_P3)).to(gl.float16).to(gl.float32)
+        return p0, p1, p2, p3, ((p0 * HALF_P0 + p1 * HALF_P1) + p2 * HALF_P2) + p3 * HALF_P3
 
     @gluon.jit
     def _split3(v, TF32: gl.constexpr):
@@ -413,8 +452,8 @@ if gluon is not None:
         if not HALF:
             mbarrier.wait(x_ready, 0)
         if PACKED:
-            row_term = _row_term(x_smem, e_smem, offset_ptr, d, BLOCK_N, DP, EXTRA_K, HAS_OFFSET,
-                                 x_desc.dtype == gl.float32, num_warps, layout)
+            row_term = _row_term(x_smem, e_smem, offset_ptr, half_ptr, d, BLOCK_N, DP, EXTRA_K, HAS_OFFSET,
+                                 x_desc.dtype == gl.float32, HALF, num_warps, layout)
         else:
             row_term = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
         for p in range(n_tiles // GROUP):
@@ -527,33 +566,63 @@ def tile_bits(k: int, size: int, d: int = 128) -> int:
     return max(1, (triton.cdiv(k, _config(size, _padded(d))[1]) - 1).bit_length())
 
 
-def packed(x: torch.Tensor, k: int) -> bool:
+def packed(x: torch.Tensor, k: int, *, half: bool = False) -> bool:
     """Whether ``search`` packs each slot's tile into its score's low bits (``_fold_tile``): float32
-    and bfloat16 rows (the bias and row term need an operand type with fp32's range), at most
-    2^10 centroid tiles. ``TORCHKM_HOPPER_PACKED=0`` turns it off (A/B).
+    and bfloat16 rows (the bias and row term need an operand type with fp32's range, or, for fp32
+    rows multiplied as fp16 (``half``), parts against powers of two), at most 2^10 centroid tiles.
+    ``TORCHKM_HOPPER_PACKED=0`` turns it off (A/B); ``TORCHKM_HOPPER_PACKED=no-half`` only for
+    fp16 operands.
 
     The record then differs from the unpacked search's in its values only: each score (and each
-    bound) is lowered by at most ``2^(b - 22) |s + t| + 2^-17 t`` (``b = tile_bits``, ``t`` the
+    bound) is lowered by at most ``1.5 * 2^(b - 22) |s + t| + 2^-17 t`` (the cleared bits, up to
+    ``2^(b - 23) |s + t|``, then ``_key_floor``'s margin for them; ``b = tile_bits``, ``t`` the
     row's term, about ``1.03 ||x - offset||^2``), and scores that agree to within the cleared bits
     tie, to the lower index. The exact pass's bound counts the extra operands' terms in its fp32
     sum (``assign.score_bound_coefficients(dtype, d + 8)``)."""
-    if os.environ.get("TORCHKM_HOPPER_PACKED", "1") == "0" or x.dtype not in (torch.float32, torch.bfloat16):
+    setting = os.environ.get("TORCHKM_HOPPER_PACKED", "1")
+    if setting == "0" or (half and setting == "no-half") or x.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if half and x.dtype != torch.float32:
         return False
     return tile_bits(k, x.element_size(), x.shape[-1]) <= _MAX_TILE_BITS
 
 
+_HALF_P0, _HALF_P1, _HALF_P2, _HALF_P3 = (tl.constexpr(v) for v in HALF_PART_SCALES)
+_HALF_PAD_PART_TL = tl.constexpr(_HALF_PAD_PART)
+
+
 @triton.jit
-def _operands_kernel(bias_ptr, out_ptr, k, k_pad, EXTRA_K: tl.constexpr, TF32: tl.constexpr, BLOCK: tl.constexpr):
+def _half_part(r, scale: tl.constexpr):
+    # The remainder r to fp16 in units of ``scale`` (as fp32), and what is left of it (exact).
+    part = (r * (1.0 / scale)).to(tl.float16).to(tl.float32)
+    return part, r - part * scale
+
+
+@triton.jit
+def _operands_kernel(bias_ptr, out_ptr, k, k_pad, EXTRA_K: tl.constexpr, TF32: tl.constexpr, HALF: tl.constexpr,
+                     BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    bias = tl.load(bias_ptr + rows, mask=rows < k, other=_PAD_BIAS_TL)
-    keep: tl.constexpr = -8192 if TF32 else -65536
-    hi = (bias.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
-    rest = bias - hi
-    mid = (rest.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
-    lo = rest - mid
     cols = tl.arange(0, EXTRA_K)[None, :]
-    value = tl.where(cols == 0, hi[:, None], tl.where(cols == 1, mid[:, None], tl.where(cols == 2, lo[:, None],
-                                                                                       tl.where(cols < 6, 1.0, 0.0))))
+    if HALF:
+        bias = tl.load(bias_ptr + rows, mask=rows < k, other=0.0)
+        p0, r = _half_part(bias, _HALF_P0)
+        p1, r = _half_part(r, _HALF_P1)
+        p2, r = _half_part(r, _HALF_P2)
+        p3, r = _half_part(r, _HALF_P3)
+        p0 = tl.where(rows < k, p0, _HALF_PAD_PART_TL)
+        scales = tl.where(cols == 4, _HALF_P0, tl.where(cols == 5, _HALF_P1, tl.where(
+            cols == 6, _HALF_P2, tl.where(cols == 7, _HALF_P3, 0.0))))
+        value = tl.where(cols == 0, p0[:, None], tl.where(cols == 1, p1[:, None], tl.where(
+            cols == 2, p2[:, None], tl.where(cols == 3, p3[:, None], scales))))
+    else:
+        bias = tl.load(bias_ptr + rows, mask=rows < k, other=_PAD_BIAS_TL)
+        keep: tl.constexpr = -8192 if TF32 else -65536
+        hi = (bias.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
+        rest = bias - hi
+        mid = (rest.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
+        lo = rest - mid
+        value = tl.where(cols == 0, hi[:, None], tl.where(cols == 1, mid[:, None], tl.where(
+            cols == 2, lo[:, None], tl.where(cols < 6, 1.0, 0.0))))
     tl.store(out_ptr + rows[:, None] * EXTRA_K + cols, value.to(out_ptr.dtype.element_ty), mask=(rows < k_pad)[:, None])
 
 
@@ -561,13 +630,19 @@ def search_operands(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The packed search's centroid-side extra operand, (k rounded up to 128, ``extra_k``) in
     ``dtype``: per centroid its fp32 bias in three parts exact in the product's operand type
     (tf32 or bf16: ``hi + mid + lo == bias``), then three ones (against the row term's parts), then
-    zeros. Padding centroids (up to a multiple of every config's centroid tile) get ``_PAD_BIAS``."""
+    zeros. Padding centroids (up to a multiple of every config's centroid tile) get ``_PAD_BIAS``.
+
+    float16 (fp16 operands, ``bias`` in their s^2 units, below 2^31 in magnitude): four parts,
+    ``bias == sum(part_i * HALF_PART_SCALES[i])`` to within 2^-44 |bias| + 2^-39, then the four
+    scales (against the row term's parts); padding centroids get a first part of 65504 (a bias of
+    about 2^31, above any real score + row term: below 2^29)."""
     k = bias.shape[0]
     k_pad = triton.cdiv(k, _OPERAND_ROWS) * _OPERAND_ROWS
     out = torch.empty(k_pad, extra_k(dtype), dtype=dtype, device=bias.device)
     block = 64
     _operands_kernel[(triton.cdiv(k_pad, block),)](bias, out, k, k_pad, EXTRA_K=extra_k(dtype),
-                                                   TF32=dtype == torch.float32, BLOCK=block)
+                                                   TF32=dtype == torch.float32, HALF=dtype == torch.float16,
+                                                   BLOCK=block)
     return out
 
 
@@ -575,6 +650,16 @@ def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.T
     """``search_operands`` in torch."""
     k = bias.shape[0]
     k_pad = -(-k // _OPERAND_ROWS) * _OPERAND_ROWS
+    if dtype == torch.float16:
+        out = torch.zeros(k_pad, extra_k(dtype), dtype=torch.float32, device=bias.device)
+        rest = bias.float()
+        for i, scale in enumerate(HALF_PART_SCALES):
+            part = (rest * (1.0 / scale)).half().float()
+            out[:k, i] = part
+            rest = rest - part * scale
+            out[:, 4 + i] = scale
+        out[k:, 0] = _HALF_PAD_PART
+        return out.half()
     full = torch.full((k_pad,), _PAD_BIAS, dtype=torch.float32, device=bias.device)
     full[:k] = bias
     keep = -8192 if dtype == torch.float32 else -65536
@@ -624,7 +709,7 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     lowered as ``packed`` states. ``half_scale`` (``centroids.Prepared.half_scale``): fp32 rows,
     multiplied as fp16 operands; each program converts its row tile, times ``half_scale[0]``, as it
     loads it (any strides), ``c_mma`` and ``bias`` are the preparation's fp16 ones, and the record
-    is in their units (``half_scale[0]^2`` times the scores'); never packed. Call only where
+    is in their units (``half_scale[0]^2`` times the scores'), packed as ``packed(x, k, half=True)``. Call only where
     ``supported`` (with ``dtype=torch.float16`` for ``half_scale``). Under
     ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
     if out.dim() != 2 or out.shape[0] < record_rows(check) or out.shape[1] < x.shape[0] or out.stride(1) != 1:
@@ -644,8 +729,8 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     d_pad = _padded(d)
     config = _config(size, d_pad, check)
     block_n, block_k, _, warps, group = config
-    is_packed = not half and packed(x, k)
-    extra = extra_k(x.dtype) if is_packed else 0
+    is_packed = packed(x, k, half=half)
+    extra = extra_k(rows_dtype) if is_packed else 0
     # As many centroid stages as fit beside the row tile (``supported`` saw that two do).
     stages = _stages(size, d_pad, extra, config)
     dtype = _gl_dtype(rows_dtype)
@@ -658,7 +743,7 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, d_pad], x_layout)
     if is_packed:
         if operands is None:
-            operands = search_operands(bias, x.dtype)
+            operands = search_operands(bias, rows_dtype)
         e_layout = gl.NVMMASharedLayout.get_default_for([block_k, extra], dtype)
         e_desc = TensorDescriptor(operands, list(operands.shape), list(operands.stride()), [block_k, extra], e_layout)
     else:

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from torchkm._kernels.centroids import (
+    HALF_TOP_EXPONENT,
     amax_parts,
     centre_rows,
     centre_rows_reference,
@@ -70,7 +71,7 @@ def test_prepare_fp16_operands_match_reference(k, d, magnitude, exact):
                                 half_parts=parts)
         scale = half_scale_reference(x, c)
         top = scale * max(x.abs().max().item(), 2 * c.abs().max().item())
-        assert 2.0**14 <= top < 2.0**15 or (magnitude < 1e-20 and scale == 2.0**60)
+        assert 2.0**HALF_TOP_EXPONENT <= top < 2.0**(HALF_TOP_EXPONENT + 1) or (magnitude < 1e-20 and scale == 2.0**60)
         want = prepare_centroids_reference(c, offset, torch.float32, fast=True, split=False, exact=exact,
                                            half_scale=scale)
         assert got.c_mma.dtype == torch.float16 and torch.isfinite(got.c_mma.float()).all()

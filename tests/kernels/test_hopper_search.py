@@ -88,6 +88,28 @@ def test_search_operands_split_the_bias_exactly(dtype, k):
     assert (parts[k:, :3].sum(1) >= 1e29).all()
 
 
+@pytest.mark.parametrize("k", [65, 129, 1000])
+def test_search_operands_split_the_bias_into_fp16_parts(k):
+    """fp16 operands: each bias (in the products' units, below 2^31) as four fp16 parts against the
+    powers of two ``HALF_PART_SCALES``, summing to it to within 2^-44 |bias| + 2^-39; then those
+    scales (against the row term's parts), zeros, and padding centroids whose bias (about 2^31)
+    loses to any real score plus row term (below 2^29)."""
+    bias = torch.randn(k, device=DEVICE) * torch.logspace(-12, 8, k, device=DEVICE)
+    bias[0] = 0.0
+    bias[1] = -bias[1].abs()
+    bias[2] = 2.0 ** 29
+    got = hopper_search.search_operands(bias, torch.float16)
+    k_pad = -(-k // 128) * 128
+    assert got.shape == (k_pad, 16) and got.dtype == torch.float16
+    assert torch.equal(got, hopper_search.search_operands_reference(bias, torch.float16))
+    parts = got.double()
+    scales = torch.tensor(hopper_search.HALF_PART_SCALES, dtype=torch.float64, device=DEVICE)
+    total = parts[:, :4] @ scales
+    assert ((total[:k] - bias.double()).abs() <= 2.0 ** -44 * bias.double().abs() + 2.0 ** -39).all()
+    assert (parts[:, 4:8] == scales).all() and (parts[:, 8:] == 0).all()
+    assert (total[k:] >= 2.0 ** 30.9).all()
+
+
 def test_packed_takes_fp32_and_bf16_up_to_1024_tiles(monkeypatch):
     x32, x16 = torch.zeros(2, 128), torch.zeros(2, 128, dtype=torch.bfloat16)
     assert hopper_search.packed(x32, 4096) and hopper_search.packed(x16, 65_536)
@@ -95,8 +117,12 @@ def test_packed_takes_fp32_and_bf16_up_to_1024_tiles(monkeypatch):
     assert hopper_search.packed(torch.zeros(2, 256), 65_536) and hopper_search.tile_bits(8192, 4, 256) == 7
     assert not hopper_search.packed(x32, 65_537)
     assert not hopper_search.packed(torch.zeros(2, 128, dtype=torch.float16), 4096)
+    assert hopper_search.packed(x32, 4096, half=True) and not hopper_search.packed(x16, 4096, half=True)
+    assert not hopper_search.packed(x32, 65_537, half=True)
+    monkeypatch.setenv("TORCHKM_HOPPER_PACKED", "no-half")
+    assert hopper_search.packed(x32, 4096) and not hopper_search.packed(x32, 4096, half=True)
     monkeypatch.setenv("TORCHKM_HOPPER_PACKED", "0")
-    assert not hopper_search.packed(x32, 4096)
+    assert not hopper_search.packed(x32, 4096) and not hopper_search.packed(x32, 4096, half=True)
 
 
 def test_mode_follows_the_switch(monkeypatch):
@@ -215,7 +241,7 @@ def test_searched_pass_with_fp16_operands(searched, monkeypatch, magnitude, d, c
             monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
             searched.clear()
             p = AssignPass(x, k, precision, update=True)
-            assert p.hopper and p.half == (half == "1" and (precision == "exact" or d > 128))
+            assert p.hopper and p.half == (half == "1")
             labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
             sq_dist = torch.full((n,), float("nan"), device=DEVICE)
             p(x, c, offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
@@ -264,7 +290,8 @@ def test_kernel_matches_reference(dtype, d, k, check):
     runner-up shares the winner's slot (then the bound equals the second best and the pass
     re-searches the row); the same for the third. "fp16 operands": fp32 rows (strided, of
     magnitude 1e5) converted in the kernel, times the preparation's scale s; the record is in s^2
-    units and only the order of the fp32 sums differs from the reference on the converted rows."""
+    units and only the order of the fp32 sums differs from the reference on the converted rows, besides
+    what packing lowers."""
     from torchkm._kernels.centroids import (
         half_scale_reference,
         prepare_centroids,
@@ -298,12 +325,13 @@ def test_kernel_matches_reference(dtype, d, k, check):
     # reference's own, so only the order of the fp32 sums differs.
     tol = (2.0 ** -10 if dtype == torch.float32 and not half else 2.0 ** -18) * 4 * scale
     # The packed search lowers values by at most what ``hopper_search.packed`` states (the tile's
-    # bits cleared from the key, the row term's sum), and ties scores that agree to within them.
+    # bits cleared from the key, the floor's margin for them, the row term's sum), and ties scores
+    # that agree to within them.
     slack = torch.zeros(n, dtype=torch.float64, device="cuda")
-    if hopper_search.packed(x, k) and not half:
-        term = (1 + hopper_search.ROW_MARGIN_VALUE) * x.double().pow(2).sum(1)
-        bits = hopper_search.tile_bits(k, x.element_size(), d)
-        slack = 2.0 ** (bits - 22) * (top[:, :4].abs().max(dim=1).values + term) + 2.0 ** -17 * term
+    if hopper_search.packed(x, k, half=half):
+        term = (1 + hopper_search.ROW_MARGIN_VALUE) * rows.double().pow(2).sum(1)
+        bits = hopper_search.tile_bits(k, rows.element_size(), d)
+        slack = 1.5 * 2.0 ** (bits - 22) * (top[:, :4].abs().max(dim=1).values + term) + 2.0 ** -17 * term
     for f in ([0, 2, 4, 6] if check else [0]):
         assert not got[f].isnan().any(), f"record row {f} not written"
     record = got.double()
@@ -428,8 +456,8 @@ def test_chunks_on_two_streams_match_one_chunk(monkeypatch, precision):
 @pytest.mark.parametrize(("d", "k"), [(64, 1000), (128, 4096), (256, 8192)])
 @pytest.mark.parametrize("magnitude", [1.0, 1e-6, 1e4])
 def test_kernel_pass_with_fp16_operands(monkeypatch, d, k, magnitude):
-    """The Gluon search over fp32 rows scaled into fp16 (the default for a multiple of 8 features;
-    in the fast mode for rows over 512 bytes), in chunks on two streams: the exact mode's labels,
+    """The Gluon search over fp32 rows scaled into fp16 (the default for a multiple of 8 features,
+    packed), in chunks on two streams: the exact mode's labels,
     distances and counts are those of the tf32 search (``TORCHKM_HALF_OPERANDS=0``), on fresh rows
     with close calls and poisoned outputs, and agree with float64 on sampled rows; the fast mode's
     labels stay within its bound."""
@@ -444,7 +472,7 @@ def test_kernel_pass_with_fp16_operands(monkeypatch, d, k, magnitude):
         for half in ("1", "0"):
             monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
             p = AssignPass(x, k, precision, update=True)
-            assert p.hopper and p.half == (half == "1" and (precision == "exact" or d > 128))
+            assert p.hopper and p.half == (half == "1")
             labels = torch.full((n,), -1, dtype=torch.int64, device="cuda")
             sq_dist = torch.full((n,), float("nan"), device="cuda")
             p(x, c, offset=None, row_scale=None, raw_norms=norms, sample_weight=None, prev_labels=None,
