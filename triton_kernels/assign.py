@@ -1716,8 +1716,9 @@ class AssignPass:
             # bytes (H200, Lloyd iteration, ms, tf32 -> fp16, bench_lloyd 2026-11-22: 1M x 128,
             # k = 4096, exact 4.57 -> 4.34, fast 3.45 -> 3.56; 32,768 x 256, k = 8192, exact 0.97
             # -> 0.86, fast 0.84 -> 0.62, the search alone 0.80 -> 0.40); packed (the bias and row
-            # term as fp16 parts, ``hopper_search.packed``), the fast mode takes them everywhere.
-            # Not in traced passes.
+            # term as fp16 parts, ``hopper_search.packed``), the fast mode takes them everywhere
+            # (fused pass, 1M x 128, k = 4096, 2026-11-27: fast 3.63 -> 2.47 ms against packed
+            # tf32). Not in traced passes.
             hopper_half = (self.hopper and not self.traced
                            and (self.check or d * x.element_size() > 512 or hopper_search.packed(x, k, half=True))
                            and hopper_search.supported(x, k, scaled=False, split=False, row_list=False,

@@ -30,7 +30,9 @@ program loads its fp32 row tile itself, scales it by the pass's power of two and
 in shared memory, once, before the centroid tiles stream past it. The products then run at the
 16-bit rate; the record is in the scaled units, which the epilogue scales back. Packed there too:
 the bias and the row term, too large for fp16, enter as four fp16 parts each against powers of two
-(``HALF_PART_SCALES``) on the other side.
+(``HALF_PART_SCALES``) on the other side. H200, fused pass (search + sums), 1M x 128, k = 4096,
+unpacked -> packed: fast 3.63 -> 2.47 ms (the fast mode took packed tf32 before), exact 4.08 ->
+3.40; 1M x 64: 1.97 -> 1.53 and 3.21 -> 2.39 (2026-11-27).
 
 GPU-only: Gluon does not run under ``TRITON_INTERPRET=1``. ``supported`` says when the launcher
 applies; everything else takes the ``tl.dot`` search.
@@ -78,6 +80,9 @@ __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search",
 #   64-centroid stage only, so 64 rows and two stages, groups of 2 (32,768 x 256, k = 8192: fast
 #   0.497, exact 0.506; groups of 4 0.560 / 0.618 and spills with CHECK; 128 rows and
 #   32-centroid tiles 0.654 / 0.673).
+# - fp32 rows as packed fp16 operands (2026-11-27, fused pass at 1M x 128, k = 4096, fast / exact):
+#   the defaults 2.48 / 3.40 ms; every pass on 64-row programs in groups of 4 (253 registers with
+#   CHECK) 2.66 / 3.47; on 128-row programs in groups of 2 (one an SM with CHECK) 2.47 / 3.57.
 _FAST_CONFIG = {False: (128, 64, 3, 8, 2), True: (128, 64, 3, 8, 4)}  # by rows of 512 bytes
 _ONE_WARPGROUP_CONFIG = (64, 64, 0, 4, 2)
 _SHARED_BYTES = 226 * 1024  # of the 227 KiB an sm_90 block may use, some left for the barriers
