@@ -1,7 +1,8 @@
 """Compile every kernel variant the benchmark shapes use for sm_90 on a machine without a GPU.
 
 Triton lowers to PTX and runs its bundled ptxas, so front-end errors, shared-memory overruns and
-register spills show up here before any device time is spent:
+register spills show up here before any device time is spent (the Gluon Hopper search too, its
+tensor descriptors built from CPU tensors):
 
     .venv/bin/python scripts/compile_sm90.py                 # every variant of the default configs
     .venv/bin/python scripts/compile_sm90.py --sweep SIFT-like:bfloat16:fast 128,128,128,8,2,1 ...
@@ -81,16 +82,62 @@ class Compiler:
         print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} shared={k.metadata.shared} {opts} "
               + " ".join(f"{a}={b}" for a, b in consts.items() if a in shown or fn.__name__ != "_assign_kernel"), flush=True)
 common.launcher = lambda fn: Compiler(fn)
+
+
+class GluonCompiler:
+    """The same for the Gluon search (``hopper_search._search_kernel``): its tensor descriptors are
+    built from CPU tensors (metadata only) and typed as the runtime would (``mangle_type``)."""
+
+    def __init__(self, fn): self.fn = fn
+    def __getitem__(self, grid): return self
+
+    def __call__(self, *args, **kw):
+        from triton.experimental.gluon._runtime import GluonASTSource
+        from triton.runtime.jit import mangle_type
+
+        fn = self.fn
+        bound = dict(zip(fn.arg_names, args))
+        bound.update(kw)
+        opts = {"num_warps": bound["num_warps"]}  # also a constexpr of the kernel
+        sig, consts, attrs = {}, {}, {}
+        for i, name in enumerate(fn.arg_names):
+            v = bound[name]
+            if fn.params[i].is_constexpr or (type(v) is int and v == 1):
+                sig[name], consts[name] = "constexpr", v
+                continue
+            sig[name] = mangle_type(v)
+            if isinstance(v, torch.Tensor) or (type(v) is int and v % 16 == 0):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        t0 = time.time()
+        k = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+        shown = ("BLOCK_N", "STAGES", "CHECK", "GROUP", "PACKED", "HALF")
+        print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} "
+              f"shared={k.metadata.shared} {opts} " + " ".join(f"{a}={consts[a]}" for a in shown), flush=True)
+
+
+def compile_hopper_search(n, d, k, dtype, check, half):
+    """One Gluon search launch as ``assign`` would make it: rows of ``dtype`` (fp32 rows as fp16
+    operands with ``half``), packed where ``hopper_search.packed`` says."""
+    rows_dtype = torch.float16 if half else dtype
+    x = torch.empty(n, d, dtype=dtype)
+    c_mma = torch.zeros(k, d, dtype=rows_dtype)
+    bias = torch.zeros(k)
+    operands = H.search_operands_reference(bias, rows_dtype) if H.packed(x, k, half=half) else None
+    H.search(x, c_mma, bias, torch.empty(H.record_rows(check), n), check=check, offset=torch.zeros(d),
+             operands=operands, half_scale=torch.ones(3) if half else None)
 # Imported after the patch above, so that every launcher the modules build compiles instead.
 import torchkm._kernels.assign as A  # noqa: E402
 import torchkm._kernels.boxes as B  # noqa: E402
 import torchkm._kernels.centroids as C  # noqa: E402
 import torchkm._kernels.distances as D  # noqa: E402
+import torchkm._kernels.hopper_search as H  # noqa: E402
 import torchkm._kernels.online as O  # noqa: E402
 import torchkm._kernels.quantize as Q  # noqa: E402
 import torchkm._kernels.update as U  # noqa: E402
 
 A.launcher = B.launcher = U.launcher = D.launcher = C.launcher = O.launcher = Q.launcher = common.launcher
+if H.gluon is not None:
+    H._search_kernel = GluonCompiler(H._search_kernel)
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
@@ -139,6 +186,16 @@ def main():
             for prec in ("exact", "fast"):
                 compile_assign(n, d, k, dt, prec, A.assign_config(n, k, d, dt, prec))
     del os.environ["TORCHKM_HOPPER_SEARCH"], os.environ["TORCHKM_HOPPER_PACKED"]
+    # The Gluon search itself, as the passes above launch it on an H100 / H200.
+    for name in ("SIFT-like", "VQ-batch", "seed000-B"):
+        n, d, k = WORKLOADS[name]
+        for dt, half in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False)):
+            x = torch.empty(2, d, dtype=dt)
+            if not H.supported(x, k, scaled=False, split=False, row_list=False,
+                               dtype=torch.float16 if half else None):
+                continue
+            for check in (False, True):
+                compile_hopper_search(n, d, k, dt, check, half)
     D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))
     # The box engine (algorithm="pruned" at d <= 8): 2 stand-in rows, 2 tiles.
     for d, k in ((1, 32), (2, 32), (3, 100), (8, 7)):
