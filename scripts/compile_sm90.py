@@ -177,15 +177,17 @@ def main():
         xx = torch.empty(2, d, dtype=dt)
         U.update(xx, torch.zeros(2, dtype=torch.int64), 5)
         U.update(xx, torch.zeros(2, dtype=torch.int64), 5, deterministic=True)
-    # The epilogues over the Hopper search's record (the Gluon search itself needs a GPU; its
-    # reference stands in; unpacked, since the packed search's operands take a launch of their own).
-    os.environ.update(TORCHKM_HOPPER_SEARCH="reference", TORCHKM_HOPPER_PACKED="0")
+    # The epilogues over the Hopper search's record (its reference stands in for the search, and
+    # the packed operands' torch reference for their launch).
+    os.environ["TORCHKM_HOPPER_SEARCH"] = "reference"
+    search_operands, H.search_operands = H.search_operands, H.search_operands_reference
     for name in ("SIFT-like", "VQ-batch"):
         n, d, k = WORKLOADS[name]
         for dt in (torch.float32, torch.bfloat16):
             for prec in ("exact", "fast"):
                 compile_assign(n, d, k, dt, prec, A.assign_config(n, k, d, dt, prec))
-    del os.environ["TORCHKM_HOPPER_SEARCH"], os.environ["TORCHKM_HOPPER_PACKED"]
+    del os.environ["TORCHKM_HOPPER_SEARCH"]
+    H.search_operands = search_operands
     # The Gluon search itself, as the passes above launch it on an H100 / H200.
     for name in ("SIFT-like", "VQ-batch", "seed000-B"):
         n, d, k = WORKLOADS[name]
