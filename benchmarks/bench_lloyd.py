@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import time
@@ -368,6 +369,9 @@ def main() -> None:
         import flash_kmeans
         info["flash_kmeans"] = flash_kmeans.__version__
     except ImportError:
+        if not args.no_flash:
+            # Said aloud: a run without the comparison is exploratory (BENCHMARKS.md).
+            logging.warning("flash-kmeans is not installed: this run has no flash-kmeans column")
         args.no_flash = True
     ceil = ceilings()
     print(info)
