@@ -1716,11 +1716,15 @@ class AssignPass:
             # bytes (H200, Lloyd iteration, ms, tf32 -> fp16, bench_lloyd 2026-11-22: 1M x 128,
             # k = 4096, exact 4.57 -> 4.34, fast 3.45 -> 3.56; 32,768 x 256, k = 8192, exact 0.97
             # -> 0.86, fast 0.84 -> 0.62, the search alone 0.80 -> 0.40); packed (the bias and row
-            # term as fp16 parts, ``hopper_search.packed``), the fast mode takes them everywhere
-            # (fused pass, 1M x 128, k = 4096, 2026-11-27: fast 3.63 -> 2.47 ms against packed
-            # tf32). Not in traced passes.
+            # term as fp16 parts, ``hopper_search.packed``), the fast mode takes them too (fused
+            # pass, 1M x 128, k = 4096, 2026-11-27: fast 3.63 -> 2.47 ms against packed tf32), where
+            # the rows' maxima are read once (a fit's engine: ``fixed_rows``) or k is large: a pass
+            # over other rows reads them first (``amax_parts``: 0.24 ms at 1M x 128, 2026-11-22), and
+            # the products save about 0.28 ms per 1,000 centroids there, so by that estimate fewer
+            # than about 1,000 centroids lose (not timed). Not in traced passes.
+            fast_half = hopper_search.packed(x, k, half=True) and (self.fixed_rows or k >= HALF_FAST_MIN_K)
             hopper_half = (self.hopper and not self.traced
-                           and (self.check or d * x.element_size() > 512 or hopper_search.packed(x, k, half=True))
+                           and (self.check or d * x.element_size() > 512 or fast_half)
                            and hopper_search.supported(x, k, scaled=False, split=False, row_list=False,
                                                        dtype=torch.float16))
             self.half = (os.environ.get("TORCHKM_HALF_OPERANDS", "1") != "0" and x.dtype == torch.float32
@@ -2123,6 +2127,9 @@ class AssignPass:
 SMALL_D = 8
 # The fp16 copy of a chunk of rows (fp32 rows with fp16 operands, ``AssignPass``): at most this many bytes.
 HALF_ROWS_BYTES = 1 << 28
+# The fast mode's fp16 operands on the Hopper search over rows of at most 512 bytes, for passes that
+# read the rows' maxima each call: from this many centroids (``AssignPass``).
+HALF_FAST_MIN_K = 1024
 # ``assign``'s kept passes: at most this many per thread, each for at most this many row elements.
 REUSED_PASSES = 4
 REUSED_PASS_MAX_ELEMENTS = 1 << 23

@@ -4,7 +4,7 @@ device, through ``search_reference``), and the Gluon kernel against that referen
 import pytest
 import torch
 from torchkm._kernels import hopper_search
-from torchkm._kernels.assign import AssignPass, assign
+from torchkm._kernels.assign import HALF_FAST_MIN_K, AssignPass, assign
 
 from tests.kernels.conftest import DEVICE, ON_GPU
 from tests.kernels.test_assign import (
@@ -230,7 +230,8 @@ def test_searched_pass_with_fp16_operands(searched, monkeypatch, magnitude, d, c
     default; ``TORCHKM_HALF_OPERANDS=0``: tf32), chunk by chunk, and the epilogue scales its record
     back. The exact mode gives the tf32 search's labels, distances and counts at any magnitude, on
     exact ties, close calls and rows far below the largest; the fast mode stays within its bound
-    (and takes fp16 operands only for rows over 512 bytes). Rows of 100 features keep fp32 operands."""
+    (and takes fp16 operands for rows over 512 bytes, for a fit's rows (``fixed_rows``: their maxima
+    read once) and from ``HALF_FAST_MIN_K`` centroids). Rows of 100 features keep fp32 operands."""
     if chunk:
         monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk))
     n, k = 300, 300
@@ -241,7 +242,7 @@ def test_searched_pass_with_fp16_operands(searched, monkeypatch, magnitude, d, c
             monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
             searched.clear()
             p = AssignPass(x, k, precision, update=True)
-            assert p.hopper and p.half == (half == "1")
+            assert p.hopper and p.half == (half == "1" and (precision == "exact" or d > 128 or k >= HALF_FAST_MIN_K))
             labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
             sq_dist = torch.full((n,), float("nan"), device=DEVICE)
             p(x, c, offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
@@ -252,6 +253,7 @@ def test_searched_pass_with_fp16_operands(searched, monkeypatch, magnitude, d, c
         _check_labels(x, c, results[precision, "1"][0], precision)
     _check_fp16_against_tf32(results, x, k, magnitude)
     monkeypatch.setenv("TORCHKM_HALF_OPERANDS", "1")
+    assert AssignPass(x, k, "fast", update=True, fixed_rows=True).half
     x100, _ = _data(n, 100, k, seed=47)
     assert not AssignPass(x100, k, "exact", update=True).half
 
@@ -472,7 +474,7 @@ def test_kernel_pass_with_fp16_operands(monkeypatch, d, k, magnitude):
         for half in ("1", "0"):
             monkeypatch.setenv("TORCHKM_HALF_OPERANDS", half)
             p = AssignPass(x, k, precision, update=True)
-            assert p.hopper and p.half == (half == "1")
+            assert p.hopper and p.half == (half == "1" and (precision == "exact" or d > 128 or k >= HALF_FAST_MIN_K))
             labels = torch.full((n,), -1, dtype=torch.int64, device="cuda")
             sq_dist = torch.full((n,), float("nan"), device="cuda")
             p(x, c, offset=None, row_scale=None, raw_norms=norms, sample_weight=None, prev_labels=None,
