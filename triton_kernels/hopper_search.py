@@ -232,14 +232,21 @@ ROW_SLACK_VALUE = 2.0 ** -17
 HALF_PART_SCALES = (2.0 ** 15, 2.0 ** 4, 2.0 ** -7, 2.0 ** -14)
 # fp16 padding centroids: the first part at fp16's largest value, a bias of about 2^31.
 _HALF_PAD_PART = 65504.0
+# The same as constants of the kernels (Gluon's constexpr is Triton's).
+_HALF_P0, _HALF_P1, _HALF_P2, _HALF_P3 = (tl.constexpr(v) for v in HALF_PART_SCALES)
+_HALF_PAD_PART_TL = tl.constexpr(_HALF_PAD_PART)
+
+
+@triton.jit
+def _half_part(r, scale: tl.constexpr):
+    # The remainder r to fp16 in units of ``scale`` (as fp32), and what is left of it (exact).
+    part = (r * (1.0 / scale)).to(tl.float16).to(tl.float32)
+    return part, r - part * scale
+
 
 if gluon is not None:
     ROW_MARGIN = gl.constexpr(ROW_MARGIN_VALUE)
     ROW_SLACK = gl.constexpr(ROW_SLACK_VALUE)
-    HALF_P0 = gl.constexpr(HALF_PART_SCALES[0])
-    HALF_P1 = gl.constexpr(HALF_PART_SCALES[1])
-    HALF_P2 = gl.constexpr(HALF_PART_SCALES[2])
-    HALF_P3 = gl.constexpr(HALF_PART_SCALES[3])
 
     @gluon.jit
     def _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK: gl.constexpr, PACKED: gl.constexpr,
@@ -330,8 +337,8 @@ if gluon is not None:
         cols = gl.expand_dims(gl.arange(0, EXTRA_K, layout=gl.SliceLayout(0, e_layout)), 0)
         if HALF:
             p0, p1, p2, p3, added = _split_half(term_e)
-            scales = gl.where(cols == 0, HALF_P0, gl.where(cols == 1, HALF_P1, gl.where(cols == 2, HALF_P2,
-                                                                                      gl.where(cols == 3, HALF_P3, 0.0))))
+            scales = gl.where(cols == 0, _HALF_P0, gl.where(cols == 1, _HALF_P1, gl.where(cols == 2, _HALF_P2,
+                                                                                         gl.where(cols == 3, _HALF_P3, 0.0))))
             extra = gl.where(cols == 4, gl.expand_dims(p0, 1),
                              gl.where(cols == 5, gl.expand_dims(p1, 1),
                                       gl.where(cols == 6, gl.expand_dims(p2, 1),
@@ -352,14 +359,11 @@ if gluon is not None:
     def _split_half(v):
         # v as four fp16 parts of HALF_PART_SCALES (each the remainder so far, rounded to fp16; the
         # remainders are exact in fp32), as fp32 values, and their sum as the products add it.
-        p0 = (v * (1.0 / HALF_P0)).to(gl.float16).to(gl.float32)
-        r = v - p0 * HALF_P0
-        p1 = (r * (1.0 / HALF_P1)).to(gl.float16).to(gl.float32)
-        r = r - p1 * HALF_P1
-        p2 = (r * (1.0 / HALF_P2)).to(gl.float16).to(gl.float32)
-        r = r - p2 * HALF_P2
-        p3 = (r * (1.0 / HALF_P3)).to(gl.float16).to(gl.float32)
-        return p0, p1, p2, p3, ((p0 * HALF_P0 + p1 * HALF_P1) + p2 * HALF_P2) + p3 * HALF_P3
+        p0, r = _half_part(v, _HALF_P0)
+        p1, r = _half_part(r, _HALF_P1)
+        p2, r = _half_part(r, _HALF_P2)
+        p3, r = _half_part(r, _HALF_P3)
+        return p0, p1, p2, p3, ((p0 * _HALF_P0 + p1 * _HALF_P1) + p2 * _HALF_P2) + p3 * _HALF_P3
 
     @gluon.jit
     def _split3(v, TF32: gl.constexpr):
@@ -590,17 +594,6 @@ def packed(x: torch.Tensor, k: int, *, half: bool = False) -> bool:
     if half and x.dtype != torch.float32:
         return False
     return tile_bits(k, x.element_size(), x.shape[-1]) <= _MAX_TILE_BITS
-
-
-_HALF_P0, _HALF_P1, _HALF_P2, _HALF_P3 = (tl.constexpr(v) for v in HALF_PART_SCALES)
-_HALF_PAD_PART_TL = tl.constexpr(_HALF_PAD_PART)
-
-
-@triton.jit
-def _half_part(r, scale: tl.constexpr):
-    # The remainder r to fp16 in units of ``scale`` (as fp32), and what is left of it (exact).
-    part = (r * (1.0 / scale)).to(tl.float16).to(tl.float32)
-    return part, r - part * scale
 
 
 @triton.jit
