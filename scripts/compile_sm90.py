@@ -24,6 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
+from triton.runtime.jit import mangle_type
 
 TY = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
 seen = set()
@@ -41,14 +42,24 @@ def ptxas_usage(ptx: str, name: str) -> str:
     spill = re.search(r"(\d+) bytes spill stores", out)
     return f"regs={regs.group(1) if regs else '?'} spill_bytes={spill.group(1) if spill else '?'}"
 class Compiler:
-    def __init__(self, fn): self.fn = fn
-    def __getitem__(self, grid): return self
+    """Stands in for a kernel's launch (``kernel[grid](...)``): compiles it for sm_90 as the runtime
+    would specialise that launch, and prints its registers and spills. ``source``: ``ASTSource``, or
+    Gluon's for the Gluon search (its tensor descriptors, built from CPU tensors, typed by
+    ``mangle_type``)."""
+
+    def __init__(self, fn, source=ASTSource):
+        self.fn, self.source = fn, source
+
+    def __getitem__(self, grid):
+        return self
+
     def __call__(self, *args, **kw):
         fn = self.fn
         names = fn.arg_names
         bound = dict(zip(names, args))
         bound.update(kw)
-        opts = {k: bound.pop(k) for k in ("num_warps", "num_stages") if k in bound}
+        # Launch options; a Gluon kernel also takes num_warps as a constexpr of its own.
+        opts = {k: bound[k] if k in names else bound.pop(k) for k in ("num_warps", "num_stages") if k in bound}
         sig, consts, attrs = {}, {}, {}
         for i, name in enumerate(names):
             v = bound[name]
@@ -69,50 +80,18 @@ class Compiler:
                     attrs[(i,)] = [["tt.divisibility", 16]]
             elif isinstance(v, float):
                 sig[name] = "fp32"
-            else:
-                raise TypeError(name)
+            else:  # a tensor descriptor
+                sig[name] = mangle_type(v)
         key = (fn.__name__, tuple(sorted(sig.items())), tuple(sorted((k, str(v)) for k, v in consts.items())), tuple(sorted(opts.items())))
         if key in seen:
             return
         seen.add(key)
         t0 = time.time()
-        src = ASTSource(fn, sig, consts, attrs)
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+        k = triton.compile(self.source(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
         shown = ("BLOCK_N", "BLOCK_K", "BLOCK_D", "CHECK", "EAGER", "PRECISION", "ONE_CHUNK", "HAS_ROW_INDEX", "UPDATE")
         print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} shared={k.metadata.shared} {opts} "
               + " ".join(f"{a}={b}" for a, b in consts.items() if a in shown or fn.__name__ != "_assign_kernel"), flush=True)
 common.launcher = lambda fn: Compiler(fn)
-
-
-class GluonCompiler:
-    """The same for the Gluon search (``hopper_search._search_kernel``): its tensor descriptors are
-    built from CPU tensors (metadata only) and typed as the runtime would (``mangle_type``)."""
-
-    def __init__(self, fn): self.fn = fn
-    def __getitem__(self, grid): return self
-
-    def __call__(self, *args, **kw):
-        from triton.experimental.gluon._runtime import GluonASTSource
-        from triton.runtime.jit import mangle_type
-
-        fn = self.fn
-        bound = dict(zip(fn.arg_names, args))
-        bound.update(kw)
-        opts = {"num_warps": bound["num_warps"]}  # also a constexpr of the kernel
-        sig, consts, attrs = {}, {}, {}
-        for i, name in enumerate(fn.arg_names):
-            v = bound[name]
-            if fn.params[i].is_constexpr or (type(v) is int and v == 1):
-                sig[name], consts[name] = "constexpr", v
-                continue
-            sig[name] = mangle_type(v)
-            if isinstance(v, torch.Tensor) or (type(v) is int and v % 16 == 0):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        t0 = time.time()
-        k = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-        shown = ("BLOCK_N", "STAGES", "CHECK", "GROUP", "PACKED", "HALF")
-        print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} "
-              f"shared={k.metadata.shared} {opts} " + " ".join(f"{a}={consts[a]}" for a in shown), flush=True)
 
 
 def compile_hopper_search(n, d, k, dtype, check, half):
@@ -137,7 +116,9 @@ import torchkm._kernels.update as U  # noqa: E402
 
 A.launcher = B.launcher = U.launcher = D.launcher = C.launcher = O.launcher = Q.launcher = common.launcher
 if H.gluon is not None:
-    H._search_kernel = GluonCompiler(H._search_kernel)
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    H._search_kernel = Compiler(H._search_kernel, GluonASTSource)
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
