@@ -458,8 +458,9 @@ def test_chunks_on_two_streams_match_one_chunk(monkeypatch, precision):
 @pytest.mark.parametrize(("d", "k"), [(64, 1000), (128, 4096), (256, 8192)])
 @pytest.mark.parametrize("magnitude", [1.0, 1e-6, 1e4])
 def test_kernel_pass_with_fp16_operands(monkeypatch, d, k, magnitude):
-    """The Gluon search over fp32 rows scaled into fp16 (the default for a multiple of 8 features,
-    packed), in chunks on two streams: the exact mode's labels,
+    """The Gluon search over fp32 rows scaled into fp16 (packed; the exact mode's default for a
+    multiple of 8 features, the fast mode's where ``AssignPass`` takes them), in chunks on two
+    streams: the exact mode's labels,
     distances and counts are those of the tf32 search (``TORCHKM_HALF_OPERANDS=0``), on fresh rows
     with close calls and poisoned outputs, and agree with float64 on sampled rows; the fast mode's
     labels stay within its bound."""
