@@ -238,6 +238,17 @@ _HALF_PAD_PART_TL = tl.constexpr(_HALF_PAD_PART)
 
 
 @triton.jit
+def _split3(v, TF32: tl.constexpr):
+    # v = hi + mid + lo exactly, each part exact in the products' operand type (tf32: 11
+    # significant bits, bf16: 8), by truncation.
+    keep: tl.constexpr = -8192 if TF32 else -65536
+    hi = (v.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
+    rest = v - hi
+    mid = (rest.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
+    return hi, mid, rest - mid
+
+
+@triton.jit
 def _half_part(r, scale: tl.constexpr):
     # The remainder r to fp16 in units of ``scale`` (as fp32), and what is left of it (exact).
     part = (r * (1.0 / scale)).to(tl.float16).to(tl.float32)
@@ -364,16 +375,6 @@ if gluon is not None:
         p2, r = _half_part(r, _HALF_P2)
         p3, r = _half_part(r, _HALF_P3)
         return p0, p1, p2, p3, ((p0 * _HALF_P0 + p1 * _HALF_P1) + p2 * _HALF_P2) + p3 * _HALF_P3
-
-    @gluon.jit
-    def _split3(v, TF32: gl.constexpr):
-        # v = hi + mid + lo exactly, each part exact in the products' operand type (tf32: 11
-        # significant bits, bf16: 8), by truncation.
-        keep: gl.constexpr = -8192 if TF32 else -65536
-        hi = (v.to(gl.int32, bitcast=True) & keep).to(gl.float32, bitcast=True)
-        rest = v - hi
-        mid = (rest.to(gl.int32, bitcast=True) & keep).to(gl.float32, bitcast=True)
-        return hi, mid, rest - mid
 
     @gluon.jit
     def _search_kernel(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr, best_ptr,
@@ -614,11 +615,7 @@ def _operands_kernel(bias_ptr, out_ptr, k, k_pad, EXTRA_K: tl.constexpr, TF32: t
             cols == 2, p2[:, None], tl.where(cols == 3, p3[:, None], scales))))
     else:
         bias = tl.load(bias_ptr + rows, mask=rows < k, other=_PAD_BIAS_TL)
-        keep: tl.constexpr = -8192 if TF32 else -65536
-        hi = (bias.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
-        rest = bias - hi
-        mid = (rest.to(tl.int32, bitcast=True) & keep).to(tl.float32, bitcast=True)
-        lo = rest - mid
+        hi, mid, lo = _split3(bias, TF32)
         value = tl.where(cols == 0, hi[:, None], tl.where(cols == 1, mid[:, None], tl.where(
             cols == 2, lo[:, None], tl.where(cols < 6, 1.0, 0.0))))
     tl.store(out_ptr + rows[:, None] * EXTRA_K + cols, value.to(out_ptr.dtype.element_ty), mask=(rows < k_pad)[:, None])
