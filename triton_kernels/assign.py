@@ -401,23 +401,14 @@ def _tile(
             # fp16's subnormals round by an absolute amount: the bound takes at least this norm
             # (``centroids.half_row_floor``).
             row_norm = tl.maximum(row_norm, tl.load(half_ptr + 2))
-        # The largest centroid norm, residual norm and |bias| (a few cached loads per tile of rows).
-        c_norms = tl.zeros((BLOCK_K,), tl.float32)
-        residuals = tl.zeros((BLOCK_K,), tl.float32)
-        biases = tl.zeros((BLOCK_K,), tl.float32)
-        for k0 in range(0, k, BLOCK_K):
-            kmask = k0 + tile_cols < k
-            c_norms = tl.maximum(c_norms, tl.load(c_norm_ptr + k0 + tile_cols, mask=kmask, other=0.0))
-            if DISTANCE_BOUND:
-                residuals = tl.maximum(residuals, tl.load(c_norm_ptr + k + k0 + tile_cols, mask=kmask, other=0.0))
-                biases = tl.maximum(biases, tl.load(c_norm_ptr + 2 * k + k0 + tile_cols, mask=kmask, other=0.0))
-        c_norm_max = tl.max(c_norms, axis=0)
+        # The largest centroid norm, residual norm and |bias| (``prepare_centroids``).
+        c_norm_max = tl.load(c_norm_ptr + 3 * k)
         if DISTANCE_BOUND:
             # Each score's error besides the centroids' rounding (which the distance bounds below):
             # the rows' operand rounding and the fp32 accumulation. A little over the residual's
             # computed norm, for its own rounding.
-            bound = bound_coef * row_norm * c_norm_max + bias_coef * tl.max(biases, axis=0)
-            residual_max = tl.max(residuals, axis=0) * 1.001
+            bound = bound_coef * row_norm * c_norm_max + bias_coef * tl.load(c_norm_ptr + 3 * k + 2)
+            residual_max = tl.load(c_norm_ptr + 3 * k + 1) * 1.001
             # Every row's best two are compared by direct fp32 distances (if it has two). (Only
             # those inside the gap bound: measured slower, 1M x 128 fp32 5.98 -> 6.35 ms.)
             resolve = row_mask & (second < 3.0e38)
@@ -665,22 +656,13 @@ def _candidate_plan_kernel(
         go = tl.load(control_ptr) == 0
     if go:
         row_count = tl.minimum(tl.load(count_ptr), cand_cap)
-        tile_cols = tl.arange(0, 128)
         dims0 = tl.arange(0, BLOCK_D)
         chunk_ids = tl.arange(0, CP)
         chunk_mask = chunk_ids < n_chunks
         # As in the pass's epilogue: the largest centroid norm, residual norm and |bias|.
-        c_norms = tl.zeros((128,), tl.float32)
-        residuals = tl.zeros((128,), tl.float32)
-        biases = tl.zeros((128,), tl.float32)
-        for k0 in range(0, k, 128):
-            kmask = k0 + tile_cols < k
-            c_norms = tl.maximum(c_norms, tl.load(c_norm_ptr + k0 + tile_cols, mask=kmask, other=0.0))
-            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + k + k0 + tile_cols, mask=kmask, other=0.0))
-            biases = tl.maximum(biases, tl.load(c_norm_ptr + 2 * k + k0 + tile_cols, mask=kmask, other=0.0))
-        c_norm_max = tl.max(c_norms, axis=0)
-        residual_max = tl.max(residuals, axis=0) * 1.001
-        bias_max = tl.max(biases, axis=0)
+        c_norm_max = tl.load(c_norm_ptr + 3 * k)
+        residual_max = tl.load(c_norm_ptr + 3 * k + 1) * 1.001
+        bias_max = tl.load(c_norm_ptr + 3 * k + 2)
         margin = (d + 16) * 1.1920929e-07
         keys = key_ptr.to(tl.pointer_type(tl.uint64))
         row_floor = tl.load(half_ptr + 2) if HALF else 0.0

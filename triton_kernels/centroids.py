@@ -273,6 +273,12 @@ def _prepare_body(
     tl.store(c_norm_ptr + rows, tl.sqrt(norm_sq), mask=row_mask)
     tl.store(c_norm_ptr + k + rows, tl.sqrt(residual_sq), mask=row_mask)
     tl.store(c_norm_ptr + 2 * k + rows, bias_abs, mask=row_mask)
+    # And their maxima (slots cleared before the launch), which the exact pass's bound takes: once
+    # here, not once per tile of rows. Non-negative floats order as their int32 bits.
+    maxima = c_norm_ptr.to(tl.pointer_type(tl.int32)) + 3 * k
+    tl.atomic_max(maxima, tl.max(tl.sqrt(norm_sq), axis=0).to(tl.int32, bitcast=True), sem="relaxed")
+    tl.atomic_max(maxima + 1, tl.max(tl.sqrt(residual_sq), axis=0).to(tl.int32, bitcast=True), sem="relaxed")
+    tl.atomic_max(maxima + 2, tl.max(bias_abs, axis=0).to(tl.int32, bitcast=True), sem="relaxed")
     # Clear the pass's accumulators, spread over the programs.
     step = tl.num_programs(0) * 1024
     z = tl.arange(0, 1024)
@@ -301,9 +307,9 @@ class Prepared(NamedTuple):
     ``c_mma``/``c_lo``/``bias``: the fast pass's centroids times -2 in the rows' dtype (``c_lo``: the
     low bf16 part when split, else ``c_mma``) and its score bias; ``c_exact``/``bias_exact``: fp32
     centroids times -2 and ``||c||^2`` for the exact products (the re-search, and the reference
-    precisions); ``c_norm``: the exact mode's rounding bound, float32 (3k,): the centroid norms,
+    precisions); ``c_norm``: the exact mode's rounding bound, float32 (3k + 3,): the centroid norms,
     the norms of ``c - c_mma / -2`` (``- c_lo / -2`` too when split: what the pass's centroids leave
-    out), and ``|bias|`` (zero for the reference precisions). ``half_scale``: with fp16 operands for
+    out), ``|bias|`` (zero for the reference precisions), then the largest of each of the three. ``half_scale``: with fp16 operands for
     fp32 rows (``prepare_centroids(half_parts=...)``), float32 (3,): the power of two ``s`` by which
     the rows and centroids are scaled into fp16's range, ``s^-2``, and the floor on a row's norm
     in the exact mode's bound (``half_row_floor``); ``c_mma`` is then fp16 and scaled by ``s``, and
@@ -364,7 +370,8 @@ def prepare_centroids(
     c_exact = torch.empty(k, d, dtype=torch.float32, device=device) if exact else None
     bias = torch.empty(k, dtype=torch.float32, device=device) if fast else None
     bias_exact = torch.empty(k, dtype=torch.float32, device=device) if exact else None
-    c_norm = torch.empty(3 * k, dtype=torch.float32, device=device)
+    c_norm = torch.empty(3 * k + 3, dtype=torch.float32, device=device)
+    c_norm[3 * k:].zero_()  # the maxima's slots (see ``_prepare_body``)
     half_scale = torch.empty(3, dtype=torch.float32, device=device) if half else None
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
@@ -405,6 +412,11 @@ def half_scale_reference(x: torch.Tensor, c32: torch.Tensor) -> float:
     return 2.0 ** min(max(HALF_TOP_EXPONENT - exponent, -HALF_SCALE_LIMIT), HALF_SCALE_LIMIT)
 
 
+def _with_maxima(*parts: torch.Tensor) -> torch.Tensor:
+    """``Prepared.c_norm`` of its three parts: them, then the largest of each."""
+    return torch.cat([*parts, torch.stack([p.max() for p in parts])])
+
+
 def prepare_centroids_reference(
     c32: torch.Tensor, offset: torch.Tensor | None, x_dtype: torch.dtype, *, fast: bool, split: bool, exact: bool,
     half_scale: float | None = None,
@@ -419,7 +431,7 @@ def prepare_centroids_reference(
         if offset is not None:
             bias = bias + 2.0 * (hi64 @ offset.double())
         residual = c32 - hi64.float()
-        c_norm = torch.cat([c32.norm(dim=1), residual.norm(dim=1), bias.float().abs()])
+        c_norm = _with_maxima(c32.norm(dim=1), residual.norm(dim=1), bias.float().abs())
         scale = torch.tensor([s, 1.0 / s / s, half_row_floor(c32.shape[1], s)], dtype=torch.float32,
                              device=c32.device)
         bias_scaled = (bias.float() * s) * s
@@ -431,7 +443,7 @@ def prepare_centroids_reference(
     norms = c32.norm(dim=1)
     if not fast:
         zeros = torch.zeros_like(norms)
-        return Prepared(c_exact, c_exact, bias_exact, c_exact, bias_exact, torch.cat([norms, zeros, zeros]))
+        return Prepared(c_exact, c_exact, bias_exact, c_exact, bias_exact, _with_maxima(norms, zeros, zeros))
     hi = round_to_tf32(c32) if x_dtype == torch.float32 else c32.to(x_dtype)
     hi64 = hi.double()
     c_lo = None
@@ -445,7 +457,7 @@ def prepare_centroids_reference(
         bias = bias + 2.0 * (hi64 @ offset.double())
     c_mma = (hi * -2).contiguous()
     c_lo_mma = c_mma if c_lo is None else (c_lo * -2).contiguous()
-    c_norm = torch.cat([norms, residual.norm(dim=1), bias.float().abs()])
+    c_norm = _with_maxima(norms, residual.norm(dim=1), bias.float().abs())
     if not exact:
         c_exact, bias_exact = c_mma, bias.float()
     return Prepared(c_mma, c_lo_mma, bias.float(), c_exact, bias_exact, c_norm)
