@@ -1,0 +1,48 @@
+"""One fused assignment pass (labels and per-cluster sums) per mode, for Nsight Compute: what
+limits each of its kernels, the Hopper search's epilogue (``_assign_kernel``) above all.
+
+    ncu --clock-control none --kernel-name regex:_assign_kernel --launch-skip 2 --launch-count 2 \
+        --set full python3 scripts/profile_pass.py --modes exact
+
+Each mode runs ``--passes`` passes (the first compiles); the rows are N(0, 1), the centroids rows
+of them, centred as ``fit`` centres them (bench_lloyd's SIFT-like workload by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main() -> None:
+    from torchkm._kernels.assign import assign
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--d", type=int, default=128)
+    parser.add_argument("--k", type=int, default=4096)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--modes", nargs="*", default=["exact", "fast"])
+    parser.add_argument("--passes", type=int, default=2)
+    args = parser.parse_args()
+    x = torch.randn(args.n, args.d, device="cuda").to(getattr(torch, args.dtype))
+    offset = x.float().mean(0)
+    c = x[torch.randint(0, args.n, (args.k,), device="cuda")].float() - offset
+    sums = torch.zeros(args.k, args.d, device="cuda")
+    counts = torch.zeros(args.k, device="cuda")
+    labels = torch.zeros(args.n, dtype=torch.int32, device="cuda")
+    for mode in args.modes:
+        for _ in range(args.passes):
+            assign(x, c, precision=mode, offset=offset, sums=sums, counts=counts, labels=labels, prev_labels=labels,
+                   store_sq_dist=False)
+    torch.cuda.synchronize()
+    print("launched", args, flush=True)
+
+
+if __name__ == "__main__":
+    main()
