@@ -100,6 +100,7 @@ from ._common import (
     transform_rows,
     unused,
 )
+from .centroids import _PREPARE_ROWS_TL as PREPARE_ROWS
 from .centroids import _round_tf32, amax_parts, prepare_centroids, row_norms
 from .configs import (
     assign_config,
@@ -401,14 +402,28 @@ def _tile(
             # fp16's subnormals round by an absolute amount: the bound takes at least this norm
             # (``centroids.half_row_floor``).
             row_norm = tl.maximum(row_norm, tl.load(half_ptr + 2))
-        # The largest centroid norm, residual norm and |bias| (``prepare_centroids``).
-        c_norm_max = tl.load(c_norm_ptr + 3 * k)
+        # The largest centroid norm, residual norm and |bias|, from ``prepare_centroids``' maxima of
+        # each run of PREPARE_ROWS centroids (a few cached loads per tile of rows). (Inline: torch's
+        # mutation analysis counts a helper's pointer as written when what it returns reaches a
+        # store's address, see tests/kernels/test_mutations.py.)
+        parts = tl.cdiv(k, PREPARE_ROWS)
+        norms = tl.zeros((BLOCK_K,), tl.float32)
+        residuals = tl.zeros((BLOCK_K,), tl.float32)
+        biases = tl.zeros((BLOCK_K,), tl.float32)
+        for p0 in range(0, parts, BLOCK_K):
+            mask = p0 + tile_cols < parts
+            norms = tl.maximum(norms, tl.load(c_norm_ptr + 3 * k + p0 + tile_cols, mask=mask, other=0.0))
+            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + 3 * k + parts + p0 + tile_cols, mask=mask, other=0.0))
+            biases = tl.maximum(biases, tl.load(c_norm_ptr + 3 * k + 2 * parts + p0 + tile_cols, mask=mask, other=0.0))
+        c_norm_max = tl.max(norms, axis=0)
+        residual_max = tl.max(residuals, axis=0)
+        bias_max = tl.max(biases, axis=0)
         if DISTANCE_BOUND:
             # Each score's error besides the centroids' rounding (which the distance bounds below):
             # the rows' operand rounding and the fp32 accumulation. A little over the residual's
             # computed norm, for its own rounding.
-            bound = bound_coef * row_norm * c_norm_max + bias_coef * tl.load(c_norm_ptr + 3 * k + 2)
-            residual_max = tl.load(c_norm_ptr + 3 * k + 1) * 1.001
+            bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
+            residual_max = residual_max * 1.001
             # Every row's best two are compared by direct fp32 distances (if it has two). (Only
             # those inside the gap bound: measured slower, 1M x 128 fp32 5.98 -> 6.35 ms.)
             resolve = row_mask & (second < 3.0e38)
@@ -660,9 +675,19 @@ def _candidate_plan_kernel(
         chunk_ids = tl.arange(0, CP)
         chunk_mask = chunk_ids < n_chunks
         # As in the pass's epilogue: the largest centroid norm, residual norm and |bias|.
-        c_norm_max = tl.load(c_norm_ptr + 3 * k)
-        residual_max = tl.load(c_norm_ptr + 3 * k + 1) * 1.001
-        bias_max = tl.load(c_norm_ptr + 3 * k + 2)
+        parts = tl.cdiv(k, PREPARE_ROWS)
+        cols = tl.arange(0, 128)
+        norms = tl.zeros((128,), tl.float32)
+        residuals = tl.zeros((128,), tl.float32)
+        biases = tl.zeros((128,), tl.float32)
+        for p0 in range(0, parts, 128):
+            mask = p0 + cols < parts
+            norms = tl.maximum(norms, tl.load(c_norm_ptr + 3 * k + p0 + cols, mask=mask, other=0.0))
+            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + 3 * k + parts + p0 + cols, mask=mask, other=0.0))
+            biases = tl.maximum(biases, tl.load(c_norm_ptr + 3 * k + 2 * parts + p0 + cols, mask=mask, other=0.0))
+        c_norm_max = tl.max(norms, axis=0)
+        residual_max = tl.max(residuals, axis=0) * 1.001
+        bias_max = tl.max(biases, axis=0)
         margin = (d + 16) * 1.1920929e-07
         keys = key_ptr.to(tl.pointer_type(tl.uint64))
         row_floor = tl.load(half_ptr + 2) if HALF else 0.0

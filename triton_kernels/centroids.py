@@ -170,6 +170,12 @@ def half_row_floor(d: int, scale: float) -> float:
     return 2.0**-13 * d**0.5 / scale
 
 
+# Centroids per program of ``prepare_centroids``' launch, which ends ``Prepared.c_norm`` with each
+# program's maxima.
+PREPARE_ROWS = 16
+_PREPARE_ROWS_TL = tl.constexpr(PREPARE_ROWS)
+
+
 @triton.jit
 def _prepare_kernel(
     c_ptr, offset_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c_exact_ptr, bias_exact_ptr, c_norm_ptr,
@@ -273,12 +279,12 @@ def _prepare_body(
     tl.store(c_norm_ptr + rows, tl.sqrt(norm_sq), mask=row_mask)
     tl.store(c_norm_ptr + k + rows, tl.sqrt(residual_sq), mask=row_mask)
     tl.store(c_norm_ptr + 2 * k + rows, bias_abs, mask=row_mask)
-    # And their maxima (slots cleared before the launch), which the exact pass's bound takes: once
-    # here, not once per tile of rows. Non-negative floats order as their int32 bits.
-    maxima = c_norm_ptr.to(tl.pointer_type(tl.int32)) + 3 * k
-    tl.atomic_max(maxima, tl.max(tl.sqrt(norm_sq), axis=0).to(tl.int32, bitcast=True), sem="relaxed")
-    tl.atomic_max(maxima + 1, tl.max(tl.sqrt(residual_sq), axis=0).to(tl.int32, bitcast=True), sem="relaxed")
-    tl.atomic_max(maxima + 2, tl.max(bias_abs, axis=0).to(tl.int32, bitcast=True), sem="relaxed")
+    # And this program's maximum of each (``PREPARE_ROWS`` centroids a program): the exact pass's
+    # bound takes the largest, from k / 16 values instead of k.
+    parts = tl.cdiv(k, BLOCK_K)
+    tl.store(c_norm_ptr + 3 * k + pid, tl.max(tl.sqrt(norm_sq), axis=0))
+    tl.store(c_norm_ptr + 3 * k + parts + pid, tl.max(tl.sqrt(residual_sq), axis=0))
+    tl.store(c_norm_ptr + 3 * k + 2 * parts + pid, tl.max(bias_abs, axis=0))
     # Clear the pass's accumulators, spread over the programs.
     step = tl.num_programs(0) * 1024
     z = tl.arange(0, 1024)
@@ -307,10 +313,11 @@ class Prepared(NamedTuple):
     ``c_mma``/``c_lo``/``bias``: the fast pass's centroids times -2 in the rows' dtype (``c_lo``: the
     low bf16 part when split, else ``c_mma``) and its score bias; ``c_exact``/``bias_exact``: fp32
     centroids times -2 and ``||c||^2`` for the exact products (the re-search, and the reference
-    precisions); ``c_norm``: the exact mode's rounding bound, float32 (3k + 3,): the centroid norms,
+    precisions); ``c_norm``: the exact mode's rounding bound, float32 (3k + 3p,): the centroid norms,
     the norms of ``c - c_mma / -2`` (``- c_lo / -2`` too when split: what the pass's centroids leave
-    out), ``|bias|`` (zero for the reference precisions), then the largest of each of the three. ``half_scale``: with fp16 operands for
-    fp32 rows (``prepare_centroids(half_parts=...)``), float32 (3,): the power of two ``s`` by which
+    out), ``|bias|`` (zero for the reference precisions), then the largest of each of the three in
+    every run of ``PREPARE_ROWS`` centroids (p = k / ``PREPARE_ROWS``, rounded up).
+    ``half_scale``: with fp16 operands for fp32 rows (``prepare_centroids(half_parts=...)``), float32 (3,): the power of two ``s`` by which
     the rows and centroids are scaled into fp16's range, ``s^-2``, and the floor on a row's norm
     in the exact mode's bound (``half_row_floor``); ``c_mma`` is then fp16 and scaled by ``s``, and
     ``bias`` by ``s^2`` (the products' unit); ``c_norm`` stays unscaled. Else None.
@@ -370,8 +377,7 @@ def prepare_centroids(
     c_exact = torch.empty(k, d, dtype=torch.float32, device=device) if exact else None
     bias = torch.empty(k, dtype=torch.float32, device=device) if fast else None
     bias_exact = torch.empty(k, dtype=torch.float32, device=device) if exact else None
-    c_norm = torch.empty(3 * k + 3, dtype=torch.float32, device=device)
-    c_norm[3 * k:].zero_()  # the maxima's slots (see ``_prepare_body``)
+    c_norm = torch.empty(3 * k + 3 * triton.cdiv(k, PREPARE_ROWS), dtype=torch.float32, device=device)
     half_scale = torch.empty(3, dtype=torch.float32, device=device) if half else None
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
@@ -381,7 +387,7 @@ def prepare_centroids(
         return unused(device, dtype) if t is None else t
 
     block_d = min(32, max(16, triton.next_power_of_2(d)))
-    block_k = 16
+    block_k = PREPARE_ROWS
     grid = max(1, triton.cdiv(k, block_k))
     launcher(_prepare_kernel)[(grid,)](
         c32, given(offset), given(c_mma), c_lo if split else unused(device, mma_dtype),
@@ -413,8 +419,10 @@ def half_scale_reference(x: torch.Tensor, c32: torch.Tensor) -> float:
 
 
 def _with_maxima(*parts: torch.Tensor) -> torch.Tensor:
-    """``Prepared.c_norm`` of its three parts: them, then the largest of each."""
-    return torch.cat([*parts, torch.stack([p.max() for p in parts])])
+    """``Prepared.c_norm`` of its three parts: them, then the largest of each in every run of
+    ``PREPARE_ROWS``."""
+    pad = -parts[0].shape[0] % PREPARE_ROWS
+    return torch.cat([*parts, *(torch.cat([p, p.new_zeros(pad)]).view(-1, PREPARE_ROWS).amax(1) for p in parts)])
 
 
 def prepare_centroids_reference(
