@@ -15,6 +15,7 @@ start=$SECONDS
 status=0
 shards=${SHARDS:-1}
 if [ "$shards" -gt 1 ]; then
+  rm -f "$OUT"/test_ids_* "$OUT"/pytest_shard_*.log  # an earlier run's shards would be run again
   # (by test function: case ids may hold spaces)
   python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep '::' | sed 's/\[.*//' | uniq \
     > "$OUT/test_ids.txt"
