@@ -412,9 +412,9 @@ def _tile(
         biases = tl.zeros((BLOCK_K,), tl.float32)
         for p0 in range(0, parts, BLOCK_K):
             mask = p0 + tile_cols < parts
-            norms = tl.maximum(norms, tl.load(c_norm_ptr + 3 * k + p0 + tile_cols, mask=mask, other=0.0))
-            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + 3 * k + parts + p0 + tile_cols, mask=mask, other=0.0))
-            biases = tl.maximum(biases, tl.load(c_norm_ptr + 3 * k + 2 * parts + p0 + tile_cols, mask=mask, other=0.0))
+            norms = tl.maximum(norms, tl.load(c_norm_ptr + p0 + tile_cols, mask=mask, other=0.0))
+            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + parts + p0 + tile_cols, mask=mask, other=0.0))
+            biases = tl.maximum(biases, tl.load(c_norm_ptr + 2 * parts + p0 + tile_cols, mask=mask, other=0.0))
         c_norm_max = tl.max(norms, axis=0)
         residual_max = tl.max(residuals, axis=0)
         bias_max = tl.max(biases, axis=0)
@@ -682,9 +682,9 @@ def _candidate_plan_kernel(
         biases = tl.zeros((128,), tl.float32)
         for p0 in range(0, parts, 128):
             mask = p0 + cols < parts
-            norms = tl.maximum(norms, tl.load(c_norm_ptr + 3 * k + p0 + cols, mask=mask, other=0.0))
-            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + 3 * k + parts + p0 + cols, mask=mask, other=0.0))
-            biases = tl.maximum(biases, tl.load(c_norm_ptr + 3 * k + 2 * parts + p0 + cols, mask=mask, other=0.0))
+            norms = tl.maximum(norms, tl.load(c_norm_ptr + p0 + cols, mask=mask, other=0.0))
+            residuals = tl.maximum(residuals, tl.load(c_norm_ptr + parts + p0 + cols, mask=mask, other=0.0))
+            biases = tl.maximum(biases, tl.load(c_norm_ptr + 2 * parts + p0 + cols, mask=mask, other=0.0))
         c_norm_max = tl.max(norms, axis=0)
         residual_max = tl.max(residuals, axis=0) * 1.001
         bias_max = tl.max(biases, axis=0)

@@ -275,16 +275,13 @@ def _prepare_body(
         bias_abs = tl.abs(bias)
     if EXACT:
         tl.store(bias_exact_ptr + rows, sq_exact.to(tl.float32), mask=row_mask)
-    # The exact mode's rounding bound: norms, norms of what rounding the centroids left out, |bias|.
-    tl.store(c_norm_ptr + rows, tl.sqrt(norm_sq), mask=row_mask)
-    tl.store(c_norm_ptr + k + rows, tl.sqrt(residual_sq), mask=row_mask)
-    tl.store(c_norm_ptr + 2 * k + rows, bias_abs, mask=row_mask)
-    # And this program's maximum of each (``PREPARE_ROWS`` centroids a program): the exact pass's
-    # bound takes the largest, from k / 16 values instead of k.
+    # The exact mode's rounding bound takes the largest norm, norm of what rounding the centroids
+    # left out, and |bias|: this program's maximum of each (``PREPARE_ROWS`` centroids a program),
+    # so the exact pass reduces k / 16 values instead of k.
     parts = tl.cdiv(k, BLOCK_K)
-    tl.store(c_norm_ptr + 3 * k + pid, tl.max(tl.sqrt(norm_sq), axis=0))
-    tl.store(c_norm_ptr + 3 * k + parts + pid, tl.max(tl.sqrt(residual_sq), axis=0))
-    tl.store(c_norm_ptr + 3 * k + 2 * parts + pid, tl.max(bias_abs, axis=0))
+    tl.store(c_norm_ptr + pid, tl.max(tl.sqrt(norm_sq), axis=0))
+    tl.store(c_norm_ptr + parts + pid, tl.max(tl.sqrt(residual_sq), axis=0))
+    tl.store(c_norm_ptr + 2 * parts + pid, tl.max(bias_abs, axis=0))
     # Clear the pass's accumulators, spread over the programs.
     step = tl.num_programs(0) * 1024
     z = tl.arange(0, 1024)
@@ -313,10 +310,10 @@ class Prepared(NamedTuple):
     ``c_mma``/``c_lo``/``bias``: the fast pass's centroids times -2 in the rows' dtype (``c_lo``: the
     low bf16 part when split, else ``c_mma``) and its score bias; ``c_exact``/``bias_exact``: fp32
     centroids times -2 and ``||c||^2`` for the exact products (the re-search, and the reference
-    precisions); ``c_norm``: the exact mode's rounding bound, float32 (3k + 3p,): the centroid norms,
-    the norms of ``c - c_mma / -2`` (``- c_lo / -2`` too when split: what the pass's centroids leave
-    out), ``|bias|`` (zero for the reference precisions), then the largest of each of the three in
-    every run of ``PREPARE_ROWS`` centroids (p = k / ``PREPARE_ROWS``, rounded up).
+    precisions); ``c_norm``: the exact mode's rounding bound, float32 (3p,): in every run of
+    ``PREPARE_ROWS`` centroids (p = k / ``PREPARE_ROWS``, rounded up) the largest centroid norm,
+    then the largest norm of ``c - c_mma / -2`` (``- c_lo / -2`` too when split: what the pass's
+    centroids leave out), then the largest ``|bias|`` (zero for the reference precisions).
     ``half_scale``: with fp16 operands for fp32 rows (``prepare_centroids(half_parts=...)``), float32 (3,): the power of two ``s`` by which
     the rows and centroids are scaled into fp16's range, ``s^-2``, and the floor on a row's norm
     in the exact mode's bound (``half_row_floor``); ``c_mma`` is then fp16 and scaled by ``s``, and
@@ -377,7 +374,7 @@ def prepare_centroids(
     c_exact = torch.empty(k, d, dtype=torch.float32, device=device) if exact else None
     bias = torch.empty(k, dtype=torch.float32, device=device) if fast else None
     bias_exact = torch.empty(k, dtype=torch.float32, device=device) if exact else None
-    c_norm = torch.empty(3 * k + 3 * triton.cdiv(k, PREPARE_ROWS), dtype=torch.float32, device=device)
+    c_norm = torch.empty(3 * triton.cdiv(k, PREPARE_ROWS), dtype=torch.float32, device=device)
     half_scale = torch.empty(3, dtype=torch.float32, device=device) if half else None
     zeros = {t.dtype: t for t in zero}
     if len(zeros) != len(zero) or any(not t.is_contiguous() for t in zero):
@@ -419,10 +416,10 @@ def half_scale_reference(x: torch.Tensor, c32: torch.Tensor) -> float:
 
 
 def _with_maxima(*parts: torch.Tensor) -> torch.Tensor:
-    """``Prepared.c_norm`` of its three parts: them, then the largest of each in every run of
-    ``PREPARE_ROWS``."""
+    """``Prepared.c_norm`` of its three per-centroid parts: the largest of each in every run of
+    ``PREPARE_ROWS`` centroids."""
     pad = -parts[0].shape[0] % PREPARE_ROWS
-    return torch.cat([*parts, *(torch.cat([p, p.new_zeros(pad)]).view(-1, PREPARE_ROWS).amax(1) for p in parts)])
+    return torch.cat([torch.cat([p, p.new_zeros(pad)]).view(-1, PREPARE_ROWS).amax(1) for p in parts])
 
 
 def prepare_centroids_reference(
