@@ -13,7 +13,10 @@ chunk) the product is transposed: scores (centroids x rows) with the resident ro
 the shared-memory operand, so a 256-row tile fits beside the centroid stages and each centroid
 tile read serves twice as many rows; the lazy minimum is then per row *and* centroid slot.
 The exact mode's lazy searches also keep each slot's second-lowest score (one more array), from
-which the best two candidates and a lower bound on the third follow (see ``precision``).
+which the best two candidates and a lower bound on the third follow (see ``precision``). Over many
+centroid tiles the row-oriented lazy search packs the tile's number into the lowest bits of a
+non-negative score (the row's squared norm with a margin is added), so one float minimum keeps a
+slot's best with its tile (``AssignPass._lazy_bits``).
 Sums and counts are added with relaxed atomics (fire-and-forget reductions; the next launch
 orders them).
 
@@ -128,7 +131,7 @@ def _tile(
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     # The lazy searches (and the Hopper search's record) also name a third candidate (``label3``,
@@ -157,6 +160,9 @@ def _tile(
 
     tl.static_assert(not CHUNK_MINS or (EAGER and not SWAP and not SEARCHED), "chunk minima come from the eager search")
     tl.static_assert(not PACK_KEYS or (EAGER and CHECK and DISTANCE_BOUND != 0), "packed keys: the eager exact search")
+    tl.static_assert(LAZY_BITS == 0 or (not EAGER and not SWAP and not SEARCHED and ONE_CHUNK and RAW_MMA
+                                        and not HAS_SCALE and not SPLIT),
+                     "packed keys in the lazy search: raw unscaled rows in one chunk, one product")
     tl.static_assert(not HALF or (RAW_MMA and not HAS_SCALE and not SPLIT and not HAS_ROW_INDEX
                                   and (SEARCHED or (EAGER and not SWAP and not ONE_CHUNK))),
                      "fp16 operands for fp32 rows: the eager streamed search of raw rows, a chunk at a time, "
@@ -202,6 +208,18 @@ def _tile(
                 row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
         if SWAP:
             x_once_t = tl.trans(x_once)
+        if LAZY_BITS > 0:
+            # Packed keys (``LAZY_BITS``): the accumulator starts at this row term plus the bias, so it
+            # holds the squared distance and a margin (>= 0 but for rounding, as the key order needs):
+            # the centred row's squared norm and 2^-5 of it, and 2^-5 of the raw row's, which
+            # covers the products' rounding of raw (uncentred) rows.
+            x_f = x_once.to(tl.float32)
+            if HAS_OFFSET:
+                x_c = tl.where((dims0 < d)[None, :],
+                               x_f - tl.load(offset_ptr + dims0, mask=dims0 < d, other=0.0)[None, :], 0.0)
+                row_term = tl.sum(x_c * x_c, axis=1) * (1.0 + 2.0**-5) + tl.sum(x_f * x_f, axis=1) * 2.0**-5
+            else:
+                row_term = tl.sum(x_f * x_f, axis=1) * (1.0 + 2.0**-5)
     tl.static_assert(not SEARCHED or (EAGER and not SWAP and not HAS_ROW_INDEX),
                      "a searched pass reads its rows' results in the eager search's variables")
     if KEYS == 2:
@@ -215,8 +233,9 @@ def _tile(
         for k0 in range(0, search_end, BLOCK_K):
             cols = k0 + tile_cols
             col_mask = cols < k
-            # Padded centroids score +inf, so they never win and never count as second best.
-            bias = tl.load(bias_ptr + cols, mask=col_mask, other=float("inf"))
+            # Padded centroids score +inf, so they never win and never count as second best (packed:
+            # 3e38, as an infinite key's tile bits would make it a NaN; decoded as +inf).
+            bias = tl.load(bias_ptr + cols, mask=col_mask, other=3.0e38 if LAZY_BITS > 0 else float("inf"))
             if SWAP:
                 # (SWAP implies ONE_CHUNK, a lazy minimum and one product; see AssignPass.)
                 if RAW_MMA and HAS_SCALE:
@@ -236,6 +255,8 @@ def _tile(
                 if RAW_MMA and HAS_SCALE:
                     # Raw rows, unit centroids: the score of row x is ||x|| (bias - 2 x_hat.c), same argmin.
                     acc = bias[None, :] * raw_norm[:, None]
+                elif LAZY_BITS > 0:
+                    acc = row_term[:, None] + bias[None, :]
                 else:
                     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
                 if ONE_CHUNK:
@@ -328,6 +349,15 @@ def _tile(
                     better = m1 < best
                     best = tl.where(better, m1, best)
                     label = tl.where(better, k0 + j1, label)
+                elif LAZY_BITS > 0:
+                    # The tile's number in the lowest bits of the (non-negative) accumulator: one float
+                    # minimum keeps each slot's best with its tile, ties to the lower tile (two
+                    # instructions a score instead of three; four instead of five with CHECK, and no
+                    # predicated copies). Decoded after the loop (``_lazy_key_floor``).
+                    key = _tile_key(acc, k0 // BLOCK_K, LAZY_BITS, _ASM_LOP3)
+                    if CHECK:
+                        second_t = tl.minimum(second_t, tl.maximum(best_t, key))
+                    best_t = tl.minimum(best_t, key)
                 else:
                     # Strictly better only: an equal score in a later tile keeps the lower index.
                     better = acc < best_t
@@ -355,6 +385,11 @@ def _tile(
             if THIRD:
                 label3, fourth = _third_candidate(best_t, second_t, index_t, at_best | at_second, 0)
     elif not EAGER:
+        if LAZY_BITS > 0:
+            tile_t = (best_t.to(tl.int32, bitcast=True) & ((1 << LAZY_BITS) - 1)) * BLOCK_K
+            best_t = _lazy_key_floor(best_t, row_term, LAZY_BITS)
+            if CHECK:
+                second_t = _lazy_key_floor(second_t, row_term, LAZY_BITS)
         best = tl.min(best_t, axis=1)
         index_t = tile_t + tile_cols[None, :]
         label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
@@ -430,6 +465,11 @@ def _tile(
         else:
             # Scores are in raw-row units, so the bound uses the raw row norm.
             bound = bound_coef * row_norm * c_norm_max
+            if LAZY_BITS > 0:
+                # The decoded scores are lowered by up to twice ``_lazy_key_floor``'s slack: so may
+                # the gaps from the best be widened.
+                bound += 2.0 * (tl.minimum(tl.abs(best), 1.0e38) * 2.0 ** (LAZY_BITS - 22)
+                                + row_term * 2.0**-17)
             # The true best is among the best two unless a third score is inside the bound too:
             # settle those rows below from direct fp32 distances; defer the rest to the re-search.
             resolve = row_mask & (second - best <= bound)
@@ -601,6 +641,37 @@ def _distance_floor(score, x_sq, bound, residual_max, margin):
     t = score_c + x_sq - bound - margin * (x_sq + tl.abs(score_c)) - residual_max * residual_max
     root = tl.sqrt(tl.maximum(t, 0.0) + residual_max * residual_max) - residual_max
     return root * root * (1.0 - margin)
+
+
+# Inline PTX where it compiles (not under the interpreter), see ``_tile_key``.
+_ASM_LOP3 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+@triton.jit
+def _tile_key(acc, tile_no, LAZY_BITS: tl.constexpr, ASM: tl.constexpr):
+    """The score ``acc`` with its lowest LAZY_BITS bits replaced by the tile's number, as a float.
+    One ``lop3`` ((a & b) | c): written in Triton, ptxas makes two logic instructions of it, a
+    third of the lazy exact search's work a score."""
+    bits = acc.to(tl.int32, bitcast=True)
+    if ASM:
+        key = tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r",
+                                        [bits, tl.zeros_like(bits) + (-(1 << LAZY_BITS)), tl.zeros_like(bits) + tile_no],
+                                        dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        key = (bits & -(1 << LAZY_BITS)) | tile_no
+    return key.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _lazy_key_floor(key_t, row_term, LAZY_BITS: tl.constexpr):
+    """A lower bound on the score (bias - 2 x.c~) a packed key of the lazy search came from (+inf for
+    padding and for none): the key without its tile bits, less 2^(LAZY_BITS - 22) of it (those bits
+    and the subtraction's rounding) and 2^-17 of the row term (its fp32 sum into the products), less
+    the row term."""
+    value = (key_t.to(tl.int32, bitcast=True) & -(1 << LAZY_BITS)).to(tl.float32, bitcast=True)
+    term = row_term[:, None]
+    slack = tl.abs(value) * 2.0 ** (LAZY_BITS - 22) + term * 2.0**-17
+    return tl.where(value >= 2.9e38, float("inf"), value - term - slack)
 
 
 @triton.jit
@@ -920,7 +991,7 @@ def _assign_kernel(
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     go = True
@@ -934,7 +1005,7 @@ def _assign_kernel(
                          n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS)
 
 
 @triton.jit
@@ -949,7 +1020,7 @@ def _assign_programs(
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -981,7 +1052,7 @@ def _assign_programs(
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -994,7 +1065,7 @@ def _assign_programs(
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -1896,6 +1967,25 @@ class AssignPass:
                 searched_stride=self.half_rows,
             )
 
+    def _lazy_bits(self, d: int, searched: bool, half: bool, scaled: bool) -> int:
+        """Tile bits of the lazy search's packed keys (``_tile``, ``LAZY_BITS``), 0 for none: the lazy
+        row-oriented search of raw, unscaled rows in one feature chunk, one product a tile, 16 to
+        1,024 centroid tiles. The loop then takes a third fewer instructions (sm_90 SASS at 245,760 x
+        32, k = 1,024: 255 -> 174 a tile exact, 280 -> 197 fast), but each program also sums its rows'
+        term and decodes its keys: H200, fused pass, ms, compare/select -> packed
+        (scripts/diag_lazy_keys.py, 2026-11-28): 245,760 x 32 x 1,024 fp32 exact 0.225 -> 0.208,
+        bf16 fast 0.116 -> 0.106; 3.9M x 32 x 1,024 fp32 exact 3.28 -> 2.98, bf16 fast 1.71 -> 1.56;
+        at 10 tiles (1M x 24 x 300) fast 0.398 -> 0.434 fp32, 0.389 -> 0.414 bf16, so not below 16.
+        ``TORCHKM_LAZY_KEYS=1``: from 2 tiles, ``0``: never (experiments and tests)."""
+        cfg = self.cfg
+        tiles = triton.cdiv(self.k, cfg["BLOCK_K"])
+        setting = os.environ.get("TORCHKM_LAZY_KEYS", "auto")
+        if (not self.main_grid or searched or half or scaled or self.split or not self.fast or cfg["EAGER"]
+                or cfg["SWAP"] or cfg["BLOCK_D"] < d or tiles < (2 if setting == "1" else 16) or tiles > 1024
+                or setting == "0"):
+            return 0
+        return (tiles - 1).bit_length()
+
     def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool, packed: bool = False) -> dict[str, Any]:
         # Unscaled rows: each score's error besides the centroids' rounding, which the kernel bounds
         # by the distance (``score_bound_coefficients``); scaled (cosine) rows, or
@@ -2025,8 +2115,10 @@ class AssignPass:
                           UPDATE=UPDATE_DELTA)
         split_research = bool(self.recheck_grid) and self.research_chunks > 1
         keys = self.research_keys if split_research else spare("keys", torch.int64)
+        lazy_bits = self._lazy_bits(d, searched, half, row_scale is not None)
         bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
-                                           packed=searched and hopper_search.packed(x, self.k, half=half))
+                                           packed=(searched and hopper_search.packed(x, self.k, half=half))
+                                           or lazy_bits > 0)
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).
@@ -2060,6 +2152,7 @@ class AssignPass:
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
                 chunk_min_ptr=self.chunk_mins if chunk_mins else spare("chunk_mins"),
                 min_chunk=self.research_chunk if chunk_mins else 1, CHUNK_MINS=chunk_mins, PACK_KEYS=pack_keys,
+                LAZY_BITS=lazy_bits,
                 half_ptr=prepared.half_scale if half else spare("half"), HALF=half,
                 xh_ptr=spare("xh", torch.float16),
                 KEYS=(3 if candidates else 1) if split_research else 0, **bound_args,
@@ -2123,7 +2216,7 @@ class AssignPass:
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
                 flag_rows_ptr=spare("flag_rows", torch.int32), key_ptr=keys, KEYS=2 if split_research else 0,
                 searched_ptr=spare("searched"), SEARCHED=False, tile_offset=0, searched_stride=0,
-                chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False, PACK_KEYS=False,
+                chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False, PACK_KEYS=False, LAZY_BITS=0,
                 half_ptr=spare("half"), xh_ptr=spare("xh", torch.float16), HALF=False, SPLIT=False,
                 part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",

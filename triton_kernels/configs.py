@@ -16,7 +16,9 @@ only the first; see ``assign.AssignPass``) and ``TORCHKM_REUSE_PASSES=0`` (``ass
 for every call instead of reusing one per shape; see ``assign._reusable_key``) and
 ``TORCHKM_REPLAY_QUERIES=0`` (kept query passes run their launches eagerly instead of as a replayed
 CUDA graph; see ``assign._KeptPass``) and ``TORCHKM_ONEHOT_SUMS=ieee`` (the one-hot sums of few
-clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums``).
+clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums``) and
+``TORCHKM_LAZY_KEYS`` (``1``/``0``: packed keys in the lazy search from 2 centroid tiles / never;
+see ``assign.AssignPass._lazy_bits``).
 """
 
 from __future__ import annotations

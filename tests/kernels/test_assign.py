@@ -939,3 +939,31 @@ def test_aliased_replayed_call_reads_inputs_in_place_at_their_address_only():
     a.add_(1)
     assert torch.equal(call(lambda inputs: inputs["v"] * 2, {"v": a}, a.device), a * 2)  # read in place
     assert call(lambda inputs: inputs["v"] * 2, {"v": a.clone()}, a.device) is None  # elsewhere: not served
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("offset", [False, True])
+def test_packed_lazy_keys_keep_the_labels_and_the_lowest_index_on_ties(monkeypatch, precision, offset):
+    """The lazy search with the tile's number in the scores' low bits (``TORCHKM_LAZY_KEYS=1``:
+    from 2 tiles) against the compare-and-select one: the exact mode's labels equal, the fast
+    mode's within its bound; exact duplicates of a centroid in the same slot of later tiles (and in
+    other slots) keep the lowest index, for rows far from the origin too (raw rows multiplied)."""
+    n, d, k = 150, 17, 70  # 5 centroid tiles of 16
+    x, c = _data(n, d, k, seed=21)
+    x = x + 40.0  # uncentred rows: the products' rounding is relative to the raw rows
+    c = c + 40.0
+    c[2] = c[18] = c[50] = x[0]  # slot 2 of tiles 0, 1 and 3
+    c[5] = c[37] = x[1]
+    mean = x.mean(0) if offset else None
+    cs = c - mean if offset else c
+    xs = x - mean if offset else x
+    config = _search_config("lazy", d)
+    got = {}
+    for lazy in ("0", "1"):
+        monkeypatch.setenv("TORCHKM_LAZY_KEYS", lazy)
+        out = assign(x, cs, precision=precision, offset=mean, raw_norms=x.norm(dim=1), config=config)
+        assert int(out.labels[0]) == 2 and int(out.labels[1]) == 5
+        _check_labels(xs, cs, out.labels, precision)
+        got[lazy] = out.labels.cpu()
+    if precision == "exact":
+        assert torch.equal(got["0"], got["1"])
