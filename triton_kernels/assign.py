@@ -466,9 +466,10 @@ def _tile(
             # Scores are in raw-row units, so the bound uses the raw row norm.
             bound = bound_coef * row_norm * c_norm_max
             if LAZY_BITS > 0:
-                # The decoded scores are lowered by up to twice ``_lazy_key_floor``'s slack: so may
-                # the gaps from the best be widened.
-                bound += 2.0 * (tl.minimum(tl.abs(best), 1.0e38) * 2.0 ** (LAZY_BITS - 22)
+                # The decoded best is lowered by up to twice ``_lazy_key_floor``'s slack, so the gaps
+                # from it may be widened by that much (the others' lowering only narrows them). Its
+                # key was the row term plus the score: at most both magnitudes.
+                bound += 2.0 * ((tl.minimum(tl.abs(best), 1.0e38) + row_term) * 2.0 ** (LAZY_BITS - 22)
                                 + row_term * 2.0**-17)
             # The true best is among the best two unless a third score is inside the bound too:
             # settle those rows below from direct fp32 distances; defer the rest to the re-search.
