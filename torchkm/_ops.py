@@ -334,7 +334,7 @@ def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:
         from ._kernels.distances import sq_distances
 
         return sq_distances(data.x, points, offset=data.offset, row_scale=data.row_scale)
-    points_sq = torch.einsum("ij,ij->i", points, points)
+    points_sq = torch.linalg.vecdot(points, points)
     out = torch.empty(data.n_samples, points.shape[0], dtype=data.dtype, device=data.device)
     for start, stop, rows in data.chunks(points.shape[0]):
         out[start:stop] = _reference.pairwise_sq_distances(rows, points, points_sq)

@@ -106,7 +106,7 @@ class DataView:
 
 def pairwise_sq_distances(rows: torch.Tensor, centroids: torch.Tensor, centroid_sq_norms: torch.Tensor) -> torch.Tensor:
     """Squared Euclidean distances of one chunk of rows to all centroids, clamped at 0."""
-    row_sq_norms = torch.einsum("ij,ij->i", rows, rows)
+    row_sq_norms = torch.linalg.vecdot(rows, rows)
     dist = torch.addmm(centroid_sq_norms.unsqueeze(0), rows, centroids.T, alpha=-2.0)
     return dist.add_(row_sq_norms.unsqueeze(1)).clamp_min_(0.0)
 
@@ -119,7 +119,7 @@ def assign(data: DataView, centroids: torch.Tensor, chunk_size: int | None = Non
     directly. Ties go to the lowest index.
     """
     c = centroids.to(data.dtype)
-    c_sq = torch.einsum("ij,ij->i", c, c)
+    c_sq = torch.linalg.vecdot(c, c)
     labels = torch.empty(data.n_samples, dtype=torch.int64, device=data.device)
     sq_distances = torch.empty(data.n_samples, dtype=data.dtype, device=data.device)
     for start, stop, rows in data.chunks(c.shape[0], chunk_size):
@@ -130,7 +130,7 @@ def assign(data: DataView, centroids: torch.Tensor, chunk_size: int | None = Non
         # The expansion loses absolute precision when ||x|| is large; the winner's distance is
         # recomputed directly (O(n d)), so inertia is accurate to fp32 rounding of the difference.
         diff = rows - c.index_select(0, idx)
-        sq_distances[start:stop] = torch.einsum("ij,ij->i", diff, diff)
+        sq_distances[start:stop] = torch.linalg.vecdot(diff, diff)
     return labels, sq_distances
 
 
