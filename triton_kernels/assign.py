@@ -298,7 +298,10 @@ def _tile(
                         # the score with its column (ties in the upper bits to either), 9 operations a
                         # score for the best three instead of 13. What the cleared bits hide is in the
                         # bound (``AssignPass._bound_arguments``). Scores are capped below +inf
-                        # (padding), still above 3e38 ("none").
+                        # (padding), still above 3e38 ("none"). (Tried, BENCHMARKS.md 2026-11-28:
+                        # finite padding instead of the cap, 8 a score, no change in time; one
+                        # reduction of sorted triples, 9: the leaves' +inf stays in the min/max;
+                        # runs of four keys sorted first: the reshape goes through shared memory.)
                         low: tl.constexpr = BLOCK_K - 1
                         key = ((tl.minimum(acc, 3.2e38).to(tl.int32, bitcast=True) & -BLOCK_K)
                                | tile_cols[None, :]).to(tl.float32, bitcast=True)
@@ -725,9 +728,10 @@ def _distance_of_key(key):
 @triton.jit
 def _candidate_plan_kernel(
     x_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr, chunk_min_ptr, list_ptr, top_ptr,
-    control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef, half_ptr,
+    control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef, half_ptr, xh_ptr,
+    copy_rows,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CP: tl.constexpr, HAS_MINS: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr, COPY: tl.constexpr,
 ):
     """The exact mode's candidate re-search, first step: for each deferred row (``row_index_ptr``,
     the first ``cand_cap``), the score at or under which a centroid could still beat the winner
@@ -735,9 +739,14 @@ def _candidate_plan_kernel(
     what its score bounds (``_distance_floor``, as the pass itself decides, inverted into a score
     threshold) is not above the winner's direct distance, read from the row's key slot
     (``KEYS == 3``). With the pass's chunk minima (``HAS_MINS``: each row's lowest score in each
-    chunk), only chunks whose minimum is within the threshold are listed; else every chunk. Chunk
-    c's list holds slots at ``list_ptr + c * cand_cap``, its length at ``count_ptr[lists_at + c]``
-    (cleared by the pass's preparation)."""
+    chunk), only chunks whose minimum is within the threshold are listed; else every chunk.
+
+    ``COPY`` (fp16 operands): the first ``copy_rows`` deferred rows are also written, scaled into
+    fp16 as the pass's search read them, to ``xh_ptr`` (the pass's fp16 row buffer, free once its
+    search is done; one row per slot), so that their re-scoring loads half the bytes and converts
+    nothing. Chunk c lists those slots at ``list_ptr + c * cand_cap``, their number at
+    ``count_ptr[lists_at + c]``; the other slots at ``list_ptr + c * cand_cap + copy_rows``, their
+    number at ``count_ptr[lists_at + n_chunks + c]`` (all cleared by the pass's preparation)."""
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
@@ -763,9 +772,12 @@ def _candidate_plan_kernel(
         margin = (d + 16) * 1.1920929e-07
         keys = key_ptr.to(tl.pointer_type(tl.uint64))
         row_floor = tl.load(half_ptr + 2) if HALF else 0.0
+        if COPY:
+            half_scale = tl.load(half_ptr)
         for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
             slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
             row_mask = slots < row_count
+            copied = row_mask & (slots < copy_rows)
             rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
             row_norm = tl.maximum(tl.load(norm_ptr + rows, mask=row_mask, other=0.0), row_floor)
             bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
@@ -774,10 +786,14 @@ def _candidate_plan_kernel(
             for d0 in range(0, d, BLOCK_D):
                 dims = d0 + dims0
                 dim_mask = dims < d
-                xr = transform_rows(
-                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
-                    row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), tl.full((BLOCK_N,), 1.0, tl.float32),
-                    HAS_OFFSET, False)
+                raw = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                              mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                if COPY:
+                    # (scaled as ``_half_rows_kernel`` scales them: the search's own fp16 operands)
+                    tl.store(xh_ptr + slots.to(tl.int64)[:, None] * d + dims[None, :], (raw * half_scale).to(tl.float16),
+                             mask=copied[:, None] & dim_mask[None, :])
+                xr = transform_rows(raw, row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0),
+                                    tl.full((BLOCK_N,), 1.0, tl.float32), HAS_OFFSET, False)
                 x_sq += tl.sum(xr * xr, axis=1)
             # A score whose floor is within the limit is at most ``top`` (the floor inverted, with
             # room for its roundings): one comparison per score. A few more candidates than the
@@ -795,34 +811,40 @@ def _candidate_plan_kernel(
                 mins = tl.load(chunk_min_ptr + rows[:, None] * n_chunks + chunk_ids[None, :], mask=need,
                                other=float("inf"))
                 need = need & (mins <= top[:, None])
-            need_i = need.to(tl.int32)
-            in_chunk = tl.sum(need_i, axis=0)
-            base = tl.atomic_add(count_ptr + lists_at + chunk_ids, in_chunk, mask=chunk_mask & (in_chunk > 0),
-                                 sem="relaxed")
-            pos = base[None, :] + tl.cumsum(need_i, axis=0) - 1
-            tl.store(list_ptr + chunk_ids[None, :].to(tl.int64) * cand_cap + pos, slots[:, None] + tl.zeros_like(pos),
-                     mask=need)
+            # The copied slots' lists, then the others' (a tile holds both kinds at one boundary only).
+            for other in tl.static_range(2):
+                listed = need & ((row_mask & (slots >= copy_rows)) if other else copied)[:, None]
+                need_i = listed.to(tl.int32)
+                in_chunk = tl.sum(need_i, axis=0)
+                base = tl.atomic_add(count_ptr + lists_at + other * n_chunks + chunk_ids, in_chunk,
+                                     mask=chunk_mask & (in_chunk > 0), sem="relaxed")
+                pos = base[None, :] + tl.cumsum(need_i, axis=0) - 1 + other * copy_rows
+                tl.store(list_ptr + chunk_ids[None, :].to(tl.int64) * cand_cap + pos,
+                         slots[:, None] + tl.zeros_like(pos), mask=listed)
 
 
 @triton.jit
 def _candidate_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, row_index_ptr, count_ptr, list_ptr, top_ptr, cand_ptr, control_ptr,
-    k, d, stride_xn, stride_xd, chunk, cand_cap, lists_at, half_ptr,
+    k, d, stride_xn, stride_xd, chunk, cand_cap, lists_at, half_ptr, xh_ptr, list_base,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr,
+    COPY: tl.constexpr,
 ):
     """The candidate re-search, second step: the rows listed for centroid chunk c (program axis 1;
     ``_candidate_plan_kernel``) are scored again against its centroids by the fast product, one
     product per tile where the 3xTF32 re-search takes three. Scores at or under the row's
     threshold name candidates: up to ``S`` per row go to ``cand_ptr``, their count to
     ``count_ptr[2 + slot]`` (cleared by the pass's preparation); a row with more is re-searched in
-    full (``_candidate_exact_kernel``)."""
+    full (``_candidate_exact_kernel``). ``COPY``: the rows the plan copied into fp16 (``xh_ptr``,
+    by slot; their lists and counts at offset 0), else the others from x (at ``list_base``, their
+    counts after the copied rows')."""
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
     if go:
         c = tl.program_id(1)
-        listed = tl.load(count_ptr + lists_at + c)
+        listed = tl.load(count_ptr + lists_at + (0 if COPY else tl.num_programs(1)) + c)
         first = c * chunk
         last = tl.minimum(first + chunk, k)
         tile_cols = tl.arange(0, BLOCK_K)
@@ -833,8 +855,9 @@ def _candidate_kernel(
         for t in range(tl.program_id(0), tl.cdiv(listed, BLOCK_N), tl.num_programs(0)):
             at = t * BLOCK_N + tl.arange(0, BLOCK_N)
             row_mask = at < listed
-            slots = tl.load(list_ptr + c.to(tl.int64) * cand_cap + at, mask=row_mask, other=0)
-            rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
+            slots = tl.load(list_ptr + c.to(tl.int64) * cand_cap + list_base + at, mask=row_mask, other=0)
+            if not COPY:
+                rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
             top = tl.load(top_ptr + slots, mask=row_mask, other=float("-inf"))
             if HALF:
                 top = (top * half_scale) * half_scale
@@ -846,12 +869,16 @@ def _candidate_kernel(
                 for d0 in range(0, d, BLOCK_D):
                     dims = d0 + dims0
                     dim_mask = dims < d
-                    # The raw rows, as the pass's fast product multiplies them (the offset is in the bias).
-                    x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
-                                     mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
-                    if HALF:
-                        x_tile = x_tile * half_scale
-                    x_tile = x_tile.to(mma_dtype)
+                    if COPY:
+                        x_tile = tl.load(xh_ptr + slots.to(tl.int64)[:, None] * d + dims[None, :],
+                                         mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                    else:
+                        # The raw rows, as the pass's fast product multiplies them (the offset is in the bias).
+                        x_tile = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                         mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+                        if HALF:
+                            x_tile = x_tile * half_scale
+                        x_tile = x_tile.to(mma_dtype)
                     c_offs = cols[:, None].to(tl.int64) * d + dims[None, :]
                     c_mask = col_mask[:, None] & dim_mask[None, :]
                     acc = tl.dot(x_tile, tl.trans(tl.load(c_mma_ptr + c_offs, mask=c_mask, other=0.0)), acc,
@@ -1699,9 +1726,10 @@ class AssignPass:
         self.move_counts = self.move_acc[k * d:].view(1, k) if moves else None
         self.flag_count = torch.empty(1, dtype=torch.int32, device=device)
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
-        self.cand_cap = 0
+        self.cand_cap = self.copy_rows = 0
         self.chunk_mins: torch.Tensor | None = None
         self.half = self.hopper = False
+        self.half_rows = 0  # rows of the streamed search's fp16 copy, 0 for none
         # ``fixed_rows``: every call gets the same x, unchanged (a fit's engine), so the largest |x|
         # of fp16 operands is read once, not by every pass (H200, 1M x 128 fp32: 0.24 ms of a 4.3 ms
         # Lloyd iteration); the first call that needs it, or one given other rows, reads it.
@@ -1873,14 +1901,18 @@ class AssignPass:
                     # candidates, its threshold, and the chunks' row lists: with 16 chunks, 136
                     # bytes per candidate slot (``candidate_rows``: half the rows), and ``full_slots``
                     # 4 per row. With the chunk minima below, about 140 bytes per row of the pass.
+                    # Each chunk has two row lists: the rows copied into fp16 and the others.
                     self.lists_at = 2 + self.cand_cap
-                    self.flag_count = torch.empty(self.lists_at + self.research_chunks, dtype=torch.int32,
+                    self.flag_count = torch.empty(self.lists_at + 2 * self.research_chunks, dtype=torch.int32,
                                                   device=device)
                     self.cand_ids = torch.empty(self.cand_cap * CANDIDATES, dtype=torch.int32, device=device)
                     self.cand_tops = torch.empty(self.cand_cap, dtype=torch.float32, device=device)
                     self.cand_lists = torch.empty(self.research_chunks * self.cand_cap, dtype=torch.int32,
                                                   device=device)
                     self.full_slots = torch.empty(n, dtype=torch.int32, device=device)
+                    # The deferred rows the plan copies into the streamed search's fp16 row buffer
+                    # (fp16 operands; see the launch).
+                    self.copy_rows = min(self.cand_cap, self.half_rows)
                     # The eager search also keeps each row's lowest score per chunk (4 bytes per
                     # row and chunk), so that the candidate re-search skips the chunks that cannot
                     # hold a winner. H200, 1M x 768, k = 8192, Lloyd-2 centroids, 8 chunks: candidate
@@ -2176,25 +2208,36 @@ class AssignPass:
             cfg = self.recheck_cfg
             split_grid = (max(1, self.recheck_grid // self.research_chunks), self.research_chunks)
             if candidates:
+                # fp16 operands from the streamed search: the deferred rows that fit its fp16 row
+                # buffer are copied into it by slot (done with: the search is), so their re-scoring
+                # reads half the bytes and converts nothing, as the search's own. H200, 1M x 768,
+                # k = 8192 fp32: see BENCHMARKS.md. ``TORCHKM_CANDIDATE_COPY=0``: never (experiments).
+                copy_rows = (self.copy_rows
+                             if half and not searched and os.environ.get("TORCHKM_CANDIDATE_COPY", "1") != "0" else 0)
+                if copy_rows and self.half_x is None:
+                    self.half_x = torch.empty(self.half_rows, d, dtype=torch.float16, device=x.device)
+                xh = self.half_x if copy_rows else spare("xh", torch.float16)
                 launcher(_candidate_plan_kernel)[(self.recheck_grid,)](
                     x, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows, self.flag_count,
                     keys, self.chunk_mins if chunk_mins else spare("chunk_mins"), self.cand_lists, self.cand_tops,
                     control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunks,
                     self.cand_cap, self.lists_at, bound_args["bound_coef"], bound_args["bias_coef"],
-                    prepared.half_scale if half else spare("half"),
+                    prepared.half_scale if half else spare("half"), xh, copy_rows,
                     BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
                     HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None, HALF=half,
-                    num_warps=4,
+                    COPY=bool(copy_rows), num_warps=4,
                 )
-                launcher(_candidate_kernel)[split_grid](
-                    x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),
-                    prepared.bias, self.flag_rows, self.flag_count, self.cand_lists, self.cand_tops, self.cand_ids,
-                    control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunk,
-                    self.cand_cap, self.lists_at, prepared.half_scale if half else spare("half"), S=CANDIDATES,
-                    PRECISION="tf32" if x.dtype == torch.float32 and not half else "ieee", SPLIT=self.split,
-                    HAS_CONTROL=control is not None, HALF=half,
-                    **candidate_config(torch.float16 if half else x.dtype),
-                )
+                for copied in (True, False) if copy_rows else (False,):
+                    launcher(_candidate_kernel)[split_grid](
+                        x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),
+                        prepared.bias, self.flag_rows, self.flag_count, self.cand_lists, self.cand_tops, self.cand_ids,
+                        control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunk,
+                        self.cand_cap, self.lists_at, prepared.half_scale if half else spare("half"), xh,
+                        0 if copied else copy_rows, S=CANDIDATES,
+                        PRECISION="tf32" if x.dtype == torch.float32 and not half else "ieee", SPLIT=self.split,
+                        HAS_CONTROL=control is not None, HALF=half, COPY=copied,
+                        **candidate_config(torch.float16 if half else x.dtype),
+                    )
                 launcher(_candidate_exact_kernel)[(self.recheck_grid,)](
                     x, c32, given(offset, name="offset"), self.flag_rows, self.flag_count, keys, self.cand_ids,
                     self.full_slots, control_args["control_ptr"], d, x.stride(0), x.stride(1), self.cand_cap,

@@ -432,6 +432,56 @@ def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
     assert torch.equal(counts, counts0) and torch.equal(counts, ref_counts.to(counts.dtype))
 
 
+@pytest.mark.parametrize("offset", [False, True])
+def test_candidate_copy_keeps_the_result(monkeypatch, offset):
+    """fp32 rows with fp16 operands: the candidate re-search scores the deferred rows that fit the
+    search's fp16 row buffer from an fp16 copy the plan writes (``COPY``), the rest from x. With
+    the copy cut to 64 rows (``copy_rows``) and more rows deferred, both lists run, and
+    labels, distances, sums and counts equal those without the copy (``TORCHKM_CANDIDATE_COPY=0``)
+    and float64's beyond ties; as many (row, chunk) pairs are listed."""
+    from torchkm._kernels.assign import AssignPass
+
+    n, d, k = 300, 300, 1000
+    x, c = _data(n, d, k, seed=53)
+    g = torch.Generator(device=DEVICE).manual_seed(53)
+    groups = [[5, 300, 600, 900], [10, 11, 12]]
+    for group, copies in enumerate(groups):
+        c[copies] = c[copies[0]].clone()
+        x[group * 40:(group + 1) * 40] = c[copies[0]] + 1e-3 * torch.randn(40, d, device=DEVICE, generator=g)
+    x[80:120] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(40, d, device=DEVICE, generator=g)
+    if offset:
+        x = x + 3.0  # the plan centres what it sums, never what it copies
+    shift = x.mean(0) if offset else None
+    config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
+    launched = _launched(monkeypatch)
+    results = {}
+    for copy in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_CANDIDATE_COPY", copy)
+        p = AssignPass(x, k, "exact", update=True, config=config)
+        assert p.half and p.cand_cap and p.copy_rows == min(p.cand_cap, p.half_rows) >= n
+        p.copy_rows = 64
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+        launched.clear()
+        p(x, c - (shift if offset else 0), offset=shift, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None,
+          prev_labels=None, labels=labels, sq_dist=sq_dist)
+        assert launched.count("_candidate_kernel") == (2 if copy == "1" else 1)
+        lists = p.flag_count[p.lists_at:].view(2, -1).sum(1)
+        results[copy] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), int(p.flag_count[0]),
+                         lists.tolist())
+    labels, sq_dist, sums, counts, deferred, lists = results["1"]
+    labels0, sq_dist0, sums0, counts0, deferred0, lists0 = results["0"]
+    assert deferred == deferred0 > p.copy_rows
+    assert lists[0] > 0 and lists[1] > 0 and lists0[0] == 0 and sum(lists) == lists0[1]
+    for group, copies in enumerate(groups):
+        assert (labels[group * 40:(group + 1) * 40] == copies[0]).all()
+    assert torch.equal(labels, labels0)
+    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
+    _check_labels(x, c, labels, "exact")
+    torch.testing.assert_close(sums, sums0, rtol=1e-5, atol=1e-5)  # float atomics: any order
+    assert torch.equal(counts, counts0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_gpu_for_bf16)])
 @pytest.mark.parametrize("k", [70, 1000])
 def test_packed_keys_keep_the_exact_labels(monkeypatch, dtype, k):

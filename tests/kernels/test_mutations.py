@@ -30,7 +30,7 @@ WRITES = {
     "_assign_kernel": {"acc_ptr", "chunk_min_ptr", "flag_count_ptr", "flag_rows_ptr", "key_ptr", "labels_ptr",
                        "lower_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
     "_research_kernel": {"key_ptr"},
-    "_candidate_plan_kernel": {"count_ptr", "list_ptr", "top_ptr"},
+    "_candidate_plan_kernel": {"count_ptr", "list_ptr", "top_ptr", "xh_ptr"},
     "_candidate_kernel": {"count_ptr", "cand_ptr"},
     "_candidate_exact_kernel": {"count_ptr", "key_ptr", "slot_list_ptr"},
     "_assign_small_d_kernel": {"acc_ptr", "labels_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
@@ -39,6 +39,7 @@ WRITES = {
 CASES = [  # (precision, fused with the sums, d, k)
     ("exact", True, 40, 70), ("exact", False, 40, 70), ("fast", True, 40, 70), ("fast", False, 130, 70),
     ("exact", True, 130, 70), ("exact", True, 40, 1000), ("exact", True, 3, 20), ("fast", False, 3, 20),
+    ("exact", True, 300, 1000),  # fp16 operands: the candidate re-search over the plan's fp16 copy
 ]
 
 
