@@ -12,7 +12,9 @@ for the others, so set-up costs (flash-kmeans' ||x||^2 pass, torchkm's final ass
 capture) cancel. Where a fit converges inside the timed iterations (no label changed), the time
 is the longer run's whole time over the iterations it ran (an upper bound: set-up, capture and
 the host's work on empty clusters included), marked ``*`` in the table (``converged_at`` in the
-JSON); ``scripts/diag_hopper_search.py`` times the pass alone.
+JSON); ``scripts/diag_hopper_search.py`` times the pass alone. torchkm's dense fits are then timed
+again with smaller graph blocks, whose runs end before the fit converges (``lloyd_per_iteration``;
+the block in the JSON as ``ours_exact_block``, marked ``b`` in the table).
 ``algorithm="pruned"`` is timed the same way where it has an engine: the box engine (d <= 3, after
 ``check_pruned``) and the bounds engine (d > 8 and n k d < 1e12, after ``check_bounds``: each of 12
 passes' labels against float64). Its time per iteration is an average over the timed iterations,
@@ -106,6 +108,27 @@ def per_iteration(run, iters: int, block: int = 1) -> Timing:
     if ran_base < n_base or ran_full < n_full:
         return Timing(full / ran_full * 1e3, ran_full)
     return Timing((full - base) / (n_full - n_base) * 1e3, None)
+
+
+def lloyd_per_iteration(run, iters: int) -> tuple[Timing, int]:
+    """``per_iteration`` of a torchkm fit at the Lloyd loop's graph block; where the fit converges
+    inside the longer run, again with half the block (its runs take 1 + b and 1 + b (1 + m)
+    iterations), down to the largest block whose longer run ends two iterations before that fit
+    converged, so that the time is a difference of iterations that ran (each block's host sync
+    shared by fewer of them: if anything, more per iteration). Returns the timing and the block."""
+    block = saved = _loop._GRAPH_BLOCK
+    timing = per_iteration(run, iters, block)
+    try:
+        while timing.converged_at is not None and block > 1:
+            block //= 2
+            room = (timing.converged_at - 3 - block) // block  # m: 1 + b (1 + m) <= converged_at - 2
+            if room < 1:
+                continue
+            _loop._GRAPH_BLOCK = block
+            timing = per_iteration(run, min(iters, room * block), block)
+    finally:
+        _loop._GRAPH_BLOCK = saved
+    return timing, block
 
 
 def torch_dense(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
@@ -401,8 +424,12 @@ def main() -> None:
             # Small problems: many iterations, so that per-fit costs (graph capture) cancel out.
             iters = 100 if n * k * d < 1e10 else 10 if n * k * d < 1e12 else 3
             # (x and c0 bound as defaults: the loop deletes x to free it before the next workload)
-            timings = {"ours_exact": per_iteration(lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "exact"), iters, _loop._GRAPH_BLOCK),
-                       "ours_fast": per_iteration(lambda m, x=x, c0=c0: torchkm_lloyd(x, c0, m, "fast"), iters, _loop._GRAPH_BLOCK)}
+            timings = {}
+            for precision in ("exact", "fast"):
+                timings[f"ours_{precision}"], block = lloyd_per_iteration(
+                    lambda m, x=x, c0=c0, p=precision: torchkm_lloyd(x, c0, m, p), iters)
+                if block != _loop._GRAPH_BLOCK:
+                    row[f"ours_{precision}_block"] = block
             if d <= _ops.BOX_MAX_D or (_ops.bounds_supported(DataView(x, torch.float32)) and n * k * d < 1e12):
                 # algorithm="pruned": the box engine at small d, the bounds engine past 8 features
                 # (not at 1M x 768 x 8192 and 10M x 128 x 65,536: seconds per pass on N(0, 1) rows,
@@ -436,7 +463,7 @@ def main() -> None:
     if not args.sweep:
         print(f"\n{'workload':<11} {'dtype':<8} | {'torch':>8} {'flash':>8} {'exact':>8} {'fast':>8} {'floor':>7} | {'exact/floor':>11} {'flash/exact':>11} {'exact/fast':>10} | {'rechk%':>6} {'off%':>6}")
         def cell(r, key):
-            mark = "*" if f"{key}_converged_at" in r else " "
+            mark = "*" if f"{key}_converged_at" in r else "b" if f"{key}_block" in r else " "
             return f"{r.get(key, float('nan')):>7.3f}{mark}"
 
         for r in rows:
@@ -444,6 +471,7 @@ def main() -> None:
             print(f"{r['workload']:<11} {r['dtype']:<8} | {cell(r, 'torch_dense')} {cell(r, 'flash')} {cell(r, 'ours_exact')} {cell(r, 'ours_fast')} {r['floor']:>7.3f} | "
                   f"{r['ours_exact'] / r['floor']:>11.2f} {f / r['ours_exact']:>11.2f} {r['ours_exact'] / r['ours_fast']:>10.2f} | {r['rechecked_pct']:>6.2f} {r['labels_off_beyond_ties_pct']:>6.3f}")
         print("* the fit converged inside the timed iterations: whole-run time over its iterations, an upper bound (see per_iteration)")
+        print("b timed with a smaller graph block, so that the timed runs end before the fit converges (see lloyd_per_iteration)")
         for r in rows:
             if "ours_pruned" in r:
                 engine = "box engine" if r["d"] <= _ops.BOX_MAX_D else "bounds engine"

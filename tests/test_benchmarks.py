@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 
@@ -27,6 +28,27 @@ def test_bench_prune_run_on_cpu() -> None:
 def test_bench_lloyd_torchkm_lloyd_on_cpu() -> None:
     x = torch.randn(500, 3)
     assert bench_lloyd.torchkm_lloyd(x, x[:4].clone(), 3, "exact") == 3
+
+
+def test_bench_lloyd_times_a_converging_fit_with_smaller_blocks(monkeypatch) -> None:
+    """A fit that converges at iteration 14, inside the runs of 1 + 8 and 1 + 8 (1 + m) iterations,
+    is timed again with blocks of 4: runs of 5 and 9 iterations, both clear of convergence, so the
+    time is a difference again. The loop's block is restored."""
+    from torchkm import _loop
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    blocks, asked = [], []
+
+    def run(n):
+        blocks.append(_loop._GRAPH_BLOCK)
+        asked.append(n)
+        time.sleep(2e-3 * min(n, 14))
+        return min(n, 14)
+
+    timing, block = bench_lloyd.lloyd_per_iteration(run, 10)
+    assert block == 4 and timing.converged_at is None and timing.ms > 0
+    assert max(n for n, b in zip(asked, blocks) if b == 4) == 9 <= 14 - 2
+    assert _loop._GRAPH_BLOCK == 8 and set(blocks) == {8, 4}
 
 
 def test_bench_lloyd_checks_the_box_engine() -> None:
