@@ -58,6 +58,33 @@ def test_offset_and_normalisation_are_applied_per_chunk(rng):
     torch.testing.assert_close(view.take(torch.tensor([3, 0, 299])), expected[[3, 0, 299]])
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_resident_rows_give_the_results_of_transforming_each_chunk(rng, monkeypatch, normalize):
+    """Small CPU data is transformed once per view and kept (``DataView.resident``): assignment,
+    sums, distances to points and taken rows equal those of views that transform every chunk."""
+    import torchkm._reference as reference
+    from torchkm import _ops
+
+    x = torch.from_numpy(rng.standard_normal((1003, 11)).astype(np.float32) + 5.0)
+    offset = x.double().mean(0).float()
+    c = torch.from_numpy(rng.standard_normal((23, 11)).astype(np.float32))
+    index = torch.tensor([1002, 0, 17, 17])
+
+    def results():
+        view = DataView(x, torch.float32, offset, normalize)
+        labels, sq = assign(view, c, chunk_size=97)
+        sums, counts = update(view, labels, 23, chunk_size=101)
+        return view, (labels, sq, sums, counts, _ops.sq_distances_to(view, c[:3]), view.take(index))
+
+    kept_view, kept = results()
+    assert kept_view.resident is not None and kept_view.resident_sq_norms is not None
+    monkeypatch.setattr(reference, "_RESIDENT_ELEMENTS", 0)
+    view, each = results()
+    assert view.resident is None
+    for a, b in zip(kept, each):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("k", [1, 7, 1000])
 def test_update_sums_and_counts(rng, k, weighted):

@@ -336,8 +336,10 @@ def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:
         return sq_distances(data.x, points, offset=data.offset, row_scale=data.row_scale)
     points_sq = torch.linalg.vecdot(points, points)
     out = torch.empty(data.n_samples, points.shape[0], dtype=data.dtype, device=data.device)
+    row_sq = data.resident_sq_norms
     for start, stop, rows in data.chunks(points.shape[0]):
-        out[start:stop] = _reference.pairwise_sq_distances(rows, points, points_sq)
+        out[start:stop] = _reference.pairwise_sq_distances(rows, points, points_sq,
+                                                           None if row_sq is None else row_sq[start:stop])
     return out
 
 

@@ -51,7 +51,8 @@ Precision (``precision=``):
                are first scored again with the fast product, in the centroid chunks whose lowest
                score in the pass could hide a winner, and the centroids whose scores could
                still win (up to 16 a row) are compared by direct fp32 distances
-               (``_candidate_plan_kernel``, ``_candidate_kernel``); only rows with more take the 3xTF32 products. Scaled (cosine) rows, and fp32 rows of at most 32
+               (``_candidate_plan_kernel``, ``_candidate_kernel``; with fp16 operands from an fp16
+               copy of the deferred rows the plan writes); only rows with more take the 3xTF32 products. Scaled (cosine) rows, and fp32 rows of at most 32
                features, use a cruder bound on the whole gap in raw-row units
                (``gap_bound_coefficient``; the best two compared directly only inside it); for
                scaled bf16 rows the centroids then enter as two bf16 parts (two products per
