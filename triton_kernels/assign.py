@@ -2213,10 +2213,9 @@ class AssignPass:
                 # buffer are copied into it by slot (done with: the search is), so their re-scoring
                 # reads half the bytes and converts nothing, as the search's own. H200, 1M x 768,
                 # k = 8192 fp32: see BENCHMARKS.md. ``TORCHKM_CANDIDATE_COPY=0``: never (experiments).
+                # (``_half_chunks``, this pass's search, allocated the buffer.)
                 copy_rows = (self.copy_rows
                              if half and not searched and os.environ.get("TORCHKM_CANDIDATE_COPY", "1") != "0" else 0)
-                if copy_rows and self.half_x is None:
-                    self.half_x = torch.empty(self.half_rows, d, dtype=torch.float16, device=x.device)
                 xh = self.half_x if copy_rows else spare("xh", torch.float16)
                 launcher(_candidate_plan_kernel)[(self.recheck_grid,)](
                     x, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows, self.flag_count,
