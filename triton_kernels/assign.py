@@ -295,18 +295,27 @@ def _tile(
                 if EAGER:
                     # Reduce the tile per row at once: few registers, so large tiles (and deep d) fit.
                     if CHECK and PACK_KEYS:
-                        # Each score's column in its lowest bits: one float minimum per candidate gives
-                        # the score with its column (ties in the upper bits to either), 9 operations a
-                        # score for the best three instead of 13. What the cleared bits hide is in the
-                        # bound (``AssignPass._bound_arguments``). Scores are capped below +inf
-                        # (padding), still above 3e38 ("none"). (Tried, BENCHMARKS.md 2026-11-28:
-                        # finite padding instead of the cap, 8 a score, no change in time; one
-                        # reduction of sorted triples, 9: the leaves' +inf stays in the min/max;
-                        # runs of four keys sorted first: the reshape goes through shared memory.)
+                        # Each score's column in its lowest bits: the lowest three keys are the best
+                        # three scores with their columns (ties in the upper bits to either). What the
+                        # cleared bits hide is in the bound (``AssignPass._bound_arguments``). Scores
+                        # are capped below +inf (padding), still above 3e38 ("none"). The three come
+                        # from a merging network over each thread's keys (``_lowest_three``, about 4.5
+                        # operations a score: 1M x 768 bf16 exact pass 35.4 -> 32.3 ms, BENCHMARKS.md
+                        # 2026-11-28) instead of three successive minima that each mask the one
+                        # before (9). (Tried before it: finite padding instead of the cap, no change
+                        # in time; one reduction of sorted triples, 9 a score, the leaves' +inf stays
+                        # in the min/max; runs of four adjacent keys sorted first, which go through
+                        # shared memory: only splits along a thread's own columns move no data.)
                         low: tl.constexpr = BLOCK_K - 1
-                        key = ((tl.minimum(acc, 3.2e38).to(tl.int32, bitcast=True) & -BLOCK_K)
-                               | tile_cols[None, :]).to(tl.float32, bitcast=True)
-                        m1 = tl.min(key, axis=1)
+                        if PACK_KEYS == 2:
+                            # The lowest three at once (``_lowest_three``), the key in one lop3.
+                            key = _packed_key(tl.minimum(acc, 3.2e38), tile_cols[None, :], -BLOCK_K, _ASM_LOP3)
+                            m1, m2, m3 = _lowest_three(key)
+                            j2 = m2.to(tl.int32, bitcast=True) & low
+                        else:
+                            key = ((tl.minimum(acc, 3.2e38).to(tl.int32, bitcast=True) & -BLOCK_K)
+                                   | tile_cols[None, :]).to(tl.float32, bitcast=True)
+                            m1 = tl.min(key, axis=1)
                         j1 = m1.to(tl.int32, bitcast=True) & low
                     else:
                         m1 = tl.min(acc, axis=1)
@@ -324,7 +333,9 @@ def _tile(
                             tl.store(chunk_min_ptr + rows * tl.cdiv(k, min_chunk) + k0 // min_chunk, chunk_best, mask=row_mask)
                             chunk_best = tl.full((BLOCK_N,), float("inf"), tl.float32)
                     if CHECK:
-                        if PACK_KEYS:
+                        if PACK_KEYS == 2:
+                            pass  # m2, m3 (and j2) above
+                        elif PACK_KEYS:
                             # (by column: m1 may be scaled back already)
                             rest = tl.where(tile_cols[None, :] == j1[:, None], float("inf"), key)
                             m2 = tl.min(rest, axis=1)
@@ -654,17 +665,73 @@ _ASM_LOP3 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 
 @triton.jit
 def _tile_key(acc, tile_no, LAZY_BITS: tl.constexpr, ASM: tl.constexpr):
-    """The score ``acc`` with its lowest LAZY_BITS bits replaced by the tile's number, as a float.
-    One ``lop3`` ((a & b) | c): written in Triton, ptxas makes two logic instructions of it, a
-    third of the lazy exact search's work a score."""
+    """The score ``acc`` with its lowest LAZY_BITS bits replaced by the tile's number, as a float."""
+    return _packed_key(acc, tile_no, -(1 << LAZY_BITS), ASM)
+
+
+@triton.jit
+def _packed_key(acc, tag, MASK: tl.constexpr, ASM: tl.constexpr):
+    """``(acc & MASK) | tag`` on the float's bits, as a float. One ``lop3`` ((a & b) | c): written in
+    Triton, ptxas makes two logic instructions of it, a third of the lazy exact search's work a
+    score."""
     bits = acc.to(tl.int32, bitcast=True)
     if ASM:
         key = tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r",
-                                        [bits, tl.zeros_like(bits) + (-(1 << LAZY_BITS)), tl.zeros_like(bits) + tile_no],
+                                        [bits, tl.zeros_like(bits) + MASK, tl.zeros_like(bits) + tag],
                                         dtype=tl.int32, is_pure=True, pack=1)
     else:
-        key = (bits & -(1 << LAZY_BITS)) | tile_no
+        key = (bits & MASK) | tag
     return key.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _merge_lowest_three(a1, a2, a3, b1, b2, b3):
+    """The lowest three of two sorted triples (a1 <= a2 <= a3, b1 <= b2 <= b3), sorted: 9 operations."""
+    c1 = tl.minimum(a1, b1)
+    c2 = tl.minimum(tl.minimum(a2, b2), tl.maximum(a1, b1))
+    c3 = tl.minimum(tl.minimum(a3, b3), tl.minimum(tl.maximum(a1, b2), tl.maximum(a2, b1)))
+    return c1, c2, c3
+
+
+@triton.jit
+def _column_halves(v):
+    """A (rows x W) tile's columns [0, W/2) and [W/2, W). In the products' layouts a thread holds
+    columns that differ in their high bits, so this split moves no data (its low bits, but the
+    lowest, are lanes)."""
+    N: tl.constexpr = v.shape[0]
+    W: tl.constexpr = v.shape[1]
+    return tl.split(tl.permute(tl.reshape(v, (N, 2, W // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _lowest_three(key):
+    """Each row's lowest three of a (rows x W) tile of distinct keys, sorted, W >= 4 a power of two.
+
+    A merging network over the values a thread holds, then one reduction of triples across the
+    lanes: about 4.5 operations a key, against 9 for three successive minima that each mask the
+    one before (the packed eager search's former reduction, ``TORCHKM_TOP3_NETWORK=0``)."""
+    N: tl.constexpr = key.shape[0]
+    W: tl.constexpr = key.shape[1]
+    # Adjacent columns first: a thread holds both (the products' accumulator layout), then sorted
+    # pairs into sorted triples of four.
+    a, b = tl.split(tl.reshape(key, (N, W // 2, 2)))
+    lo = tl.minimum(a, b)
+    hi = tl.maximum(a, b)
+    lo_a, lo_b = _column_halves(lo)
+    hi_a, hi_b = _column_halves(hi)
+    upper = tl.maximum(lo_a, lo_b)
+    lower = tl.minimum(hi_a, hi_b)
+    c1 = tl.minimum(lo_a, lo_b)
+    c2 = tl.minimum(upper, lower)
+    c3 = tl.maximum(upper, lower)
+    # Halve while a thread still holds several columns (4 lanes share a row's columns).
+    for _ in tl.static_range(10):
+        if c1.shape[1] > 4:
+            a1, b1 = _column_halves(c1)
+            a2, b2 = _column_halves(c2)
+            a3, b3 = _column_halves(c3)
+            c1, c2, c3 = _merge_lowest_three(a1, a2, a3, b1, b2, b3)
+    return tl.reduce((c1, c2, c3), 1, _merge_lowest_three)
 
 
 @triton.jit
@@ -2161,6 +2228,9 @@ class AssignPass:
                      and self.cfg["EAGER"] and not self.cfg["SWAP"] and packing != "0"
                      and (x.dtype != torch.float32 or half or packing == "1"))
         if pack_keys:
+            # 2: each tile's lowest three through a merging network (``_lowest_three``); 1: three
+            # successive minima (``TORCHKM_TOP3_NETWORK=0``, experiments).
+            pack_keys = 1 if os.environ.get("TORCHKM_TOP3_NETWORK") == "0" else 2
             # A key differs from its score by less than 2^BITS units in the last place: relative
             # 2^(BITS - 23) of |score| <= |bias| + 2 ||x|| max||c~||, with the usual 1.25 factor.
             cleared = 1.25 * 2.0 ** (int(self.cfg["BLOCK_K"]).bit_length() - 1 - 23)

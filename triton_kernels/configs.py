@@ -9,7 +9,8 @@ The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py 
 ``TORCHKM_CANDIDATE_CONFIG`` (the candidate re-search's tiles, see ``candidate_config``),
 ``TORCHKM_CHUNK_MINS=0`` (the candidate re-search scores every centroid chunk) and
 ``TORCHKM_PACKED_KEYS`` (``1``/``0``: the eager exact search keeps packed keys for fp32 rows too /
-never; see ``assign.AssignPass``) and ``TORCHKM_HALF_OPERANDS=0`` (fp32 rows of the streamed and Hopper
+never; see ``assign.AssignPass``) and ``TORCHKM_TOP3_NETWORK=0`` (that search finds a tile's best three
+by three successive minima instead of ``assign._lowest_three``'s merging network) and ``TORCHKM_HALF_OPERANDS=0`` (fp32 rows of the streamed and Hopper
 searches multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precision notes), and
 ``TORCHKM_FIXED_ROWS=0`` (every pass of a fit reads the rows' largest |x| for those operands, not
 only the first; see ``assign.AssignPass``) and ``TORCHKM_REUSE_PASSES=0`` (``assign`` builds a new pass

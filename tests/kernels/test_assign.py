@@ -5,8 +5,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from torchkm._kernels._common import ReplayedCall
 from torchkm._kernels.assign import (
+    _lowest_three,
     assign,
     assign_reference,
     gap_bound_coefficient,
@@ -503,8 +506,11 @@ def test_packed_keys_keep_the_exact_labels(monkeypatch, dtype, k):
     x = x.to(dtype)
     config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
     results = {}
-    for packed in ("1", "0"):
-        monkeypatch.setenv("TORCHKM_PACKED_KEYS", packed)
+    # "1": the lowest three through the merging network (default); "1-minima": three successive
+    # minima (TORCHKM_TOP3_NETWORK=0); "0": unpacked.
+    for packed in ("1", "1-minima", "0"):
+        monkeypatch.setenv("TORCHKM_TOP3_NETWORK", "0" if packed == "1-minima" else "1")
+        monkeypatch.setenv("TORCHKM_PACKED_KEYS", packed[0])
         p = AssignPass(x, k, "exact", update=True, config=config)
         assert not p.hopper
         labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
@@ -514,6 +520,12 @@ def test_packed_keys_keep_the_exact_labels(monkeypatch, dtype, k):
         results[packed] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), int(p.flag_count[0]))
     labels, sq_dist, sums, counts, deferred = results["1"]
     labels0, sq_dist0, sums0, counts0, deferred0 = results["0"]
+    # Both reductions find the same three keys a tile: the same labels, distances and deferred rows
+    # (the sums' float atomics add in any order on a GPU).
+    labels1, sq_dist1, sums1, counts1, deferred1 = results["1-minima"]
+    assert torch.equal(labels, labels1) and torch.equal(sq_dist, sq_dist1) and torch.equal(counts, counts1)
+    assert deferred == deferred1
+    torch.testing.assert_close(sums, sums1, rtol=1e-6, atol=1e-6)
     assert deferred >= deferred0 >= 20
     assert (labels[:20] == 3).all() and (labels[20:40] == 9).all()
     assert torch.equal(labels, labels0)
@@ -521,6 +533,34 @@ def test_packed_keys_keep_the_exact_labels(monkeypatch, dtype, k):
     _check_labels(x.float(), c, labels, "exact")
     torch.testing.assert_close(sums, sums0, rtol=1e-6, atol=1e-6)
     assert torch.equal(counts, counts0)
+
+
+@triton.jit
+def _lowest_three_kernel(key_ptr, out_ptr, ROWS: tl.constexpr, W: tl.constexpr):
+    rows = tl.arange(0, ROWS)
+    m1, m2, m3 = _lowest_three(tl.load(key_ptr + rows[:, None] * W + tl.arange(0, W)[None, :]))
+    tl.store(out_ptr + rows, m1)
+    tl.store(out_ptr + ROWS + rows, m2)
+    tl.store(out_ptr + 2 * ROWS + rows, m3)
+
+
+@pytest.mark.parametrize("width", [4, 8, 64, 256])
+def test_lowest_three_is_the_first_three_of_a_sort(width):
+    """``_lowest_three`` (the eager exact search's merging network over a tile of packed keys) gives
+    each row's three lowest values, sorted, as a sort would: on random keys, repeated values,
+    +inf padding and rows of fewer than three finite values."""
+    g = torch.Generator().manual_seed(width)
+    key = torch.randn(32, width, generator=g)
+    key[1] = 2.5  # all equal
+    key[2, :: 2] = -1.0  # repeated lowest
+    key[3] = float("inf")  # padding only
+    key[4, 1:] = float("inf")  # one finite value
+    key[5, 2:] = float("inf")
+    key[6] = torch.randperm(width, generator=g).float()
+    key = key.to(DEVICE)
+    out = torch.full((3, 32), float("nan"), device=DEVICE)
+    _lowest_three_kernel[(1,)](key, out, 32, width)
+    torch.testing.assert_close(out, key.sort(dim=1).values[:, :3].T.contiguous(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("k", [70, 1000])
