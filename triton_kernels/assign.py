@@ -879,8 +879,9 @@ def _candidate_plan_kernel(
                 mins = tl.load(chunk_min_ptr + rows[:, None] * n_chunks + chunk_ids[None, :], mask=need,
                                other=float("inf"))
                 need = need & (mins <= top[:, None])
-            # The copied slots' lists, then the others' (a tile holds both kinds at one boundary only).
-            for other in tl.static_range(2):
+            # The copied slots' lists, then the others' (a tile holds both kinds at one boundary only);
+            # without a copy (copy_rows = 0) only the others'.
+            for other in tl.static_range(1 - COPY, 2):
                 listed = need & ((row_mask & (slots >= copy_rows)) if other else copied)[:, None]
                 need_i = listed.to(tl.int32)
                 in_chunk = tl.sum(need_i, axis=0)
