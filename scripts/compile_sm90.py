@@ -59,7 +59,8 @@ class Compiler:
         bound = dict(zip(names, args))
         bound.update(kw)
         # Launch options; a Gluon kernel also takes num_warps as a constexpr of its own.
-        opts = {k: bound[k] if k in names else bound.pop(k) for k in ("num_warps", "num_stages") if k in bound}
+        opts = {k: bound[k] if k in names else bound.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
+                if k in bound}
         sig, consts, attrs = {}, {}, {}
         for i, name in enumerate(names):
             v = bound[name]

@@ -76,6 +76,10 @@ __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search",
 # - exact (CHECK: two more registers a slot): 64 rows, two programs an SM: 1M x 64 fp32 2.63 ->
 #   2.43, bf16 2.16 -> 1.86 (2 stages; 1.91 at 4); 32,768 x 256 bf16 0.253 -> 0.234; 1M x 128
 #   fp32 3.89 -> 3.86 and bf16 2.66 -> 2.62 (as good; 3 stages, one program an SM: 4.27).
+#   Three programs an SM where each has room for three stages (16-bit operands up to 128
+#   features), with registers capped at 168 (ptxas fits the search without spilling; uncapped it
+#   takes 183-194): search alone 1M x 128 exact fp32 (fp16 operands) 3.88-3.96 -> 3.75-3.86 ms,
+#   bf16 2.61-2.62 -> 2.50; exact pass 3.32-3.35 -> 3.14-3.18, 3.02-3.05 -> 2.92 (2026-11-28).
 # - rows of more than 512 bytes (fp32, 129-256 features): a 128-row tile leaves room for one
 #   64-centroid stage only, so 64 rows and two stages, groups of 2 (32,768 x 256, k = 8192: fast
 #   0.497, exact 0.506; groups of 4 0.560 / 0.618 and spills with CHECK; 128 rows and
@@ -110,16 +114,25 @@ def _padded(d: int) -> int:
 
 
 def _stages(size: int, d_pad: int, extra: int, config: tuple[int, int, int, int, int]) -> int:
-    """Centroid stages beside the row tile in shared memory: the config's, at most what fits; for 0,
-    as many as let two programs share an SM (at most 4), or where two do not fit, as fit one."""
+    """Centroid stages beside the row tile in shared memory (``_occupancy``)."""
+    return _occupancy(size, d_pad, extra, config)[0]
+
+
+def _occupancy(size: int, d_pad: int, extra: int, config: tuple[int, int, int, int, int]) -> tuple[int, int]:
+    """(centroid stages, programs an SM). The config's stages, at most what fits, one program an SM
+    assumed; for 0 (one warpgroup), three programs an SM where each then has room for three stages
+    (its registers capped to fit, ``search``; ``TORCHKM_HOPPER_PROGRAMS=2``: never, experiments),
+    else two with as many stages as fit (at most 4), else one with as many as fit."""
     block_n, block_k, stages = config[:3]
     row_tile = block_n * (d_pad + extra) * size
     stage = block_k * (d_pad + extra) * size
     fit = (_SHARED_BYTES - row_tile) // stage
     if stages == 0:
+        if os.environ.get("TORCHKM_HOPPER_PROGRAMS", "3") != "2" and (_SHARED_BYTES // 3 - row_tile) // stage >= 3:
+            return 3, 3
         shared = (_SHARED_BYTES // 2 - row_tile) // stage
-        return min(4, shared if shared >= 2 else fit)
-    return min(stages, fit)
+        return (min(4, shared), 2) if shared >= 2 else (fit, 1)
+    return min(stages, fit), 1
 
 
 def available() -> bool:
@@ -260,6 +273,21 @@ if gluon is not None:
     ROW_SLACK = gl.constexpr(ROW_SLACK_VALUE)
 
     @gluon.jit
+    def _thread_min(v):
+        """Per row, the minimum of the columns one thread holds in the products' layout, as a
+        (rows x 4) tensor (the 4 lanes that share a row): a thread holds adjacent pairs of columns
+        and columns that differ in their high bits, so these splits move no data."""
+        N: gl.constexpr = v.shape[0]
+        W: gl.constexpr = v.shape[1]
+        a, b = gl.split(gl.reshape(v, (N, W // 2, 2)))
+        v = gl.minimum(a, b)
+        for _ in gl.static_range(8):
+            if v.shape[1] > 4:
+                a, b = gl.split(gl.permute(gl.reshape(v, (N, 2, v.shape[1] // 2)), (0, 2, 1)))
+                v = gl.minimum(a, b)
+        return v
+
+    @gluon.jit
     def _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK: gl.constexpr, PACKED: gl.constexpr,
                    TILE_BITS: gl.constexpr):
         # The running minimum per slot (row, column of the tile) and the tile it came from: element-
@@ -272,7 +300,11 @@ if gluon is not None:
             # keeps the slot's best with its tile, ties to the lower tile. Two instructions a score
             # instead of four; with CHECK, four instead of six.
             key = ((acc.to(gl.int32, bitcast=True) & -(1 << TILE_BITS)) | t).to(gl.float32, bitcast=True)
-            if CHECK:
+            if CHECK == 2:
+                # One second-lowest per row over the slots this thread holds (``_thread_min``), not one
+                # a slot: the record is the same (see ``_search_rows``), in 30 registers fewer.
+                second_t = gl.minimum(second_t, _thread_min(gl.maximum(best_t, key)))
+            elif CHECK:
                 second_t = gl.minimum(second_t, gl.maximum(best_t, key))
             best_t = gl.minimum(best_t, key)
         else:
@@ -452,6 +484,8 @@ if gluon is not None:
         best_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
         tile_t = gl.full([BLOCK_N, BLOCK_K], 0, gl.int32, layout)
         second_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
+        if CHECK == 2 and PACKED:
+            second_t = _thread_min(second_t)
         # Tiles in groups of GROUP (>= 2): the first two issued; then each retired (the next in
         # flight) and the one after it issued; the last two retired. Each fold but the group's last
         # runs while the next product is in flight. No product is in flight across the loop's
@@ -496,7 +530,15 @@ if gluon is not None:
             # keys' low bits and the row term's sum may have hidden (``_key_floor``).
             tile_t = best_t.to(gl.int32, bitcast=True) & ((1 << TILE_BITS) - 1)
             best_t = _key_floor(best_t, row_term, TILE_BITS)
-            if CHECK:
+            if CHECK == 2:
+                # The row's second-lowest over its slots stands for every slot's: each expression of the
+                # record is a minimum over a row's slots of one value per slot, that slot's best or
+                # its second, and another slot's second is never below what that slot adds itself
+                # (its best, at most its second). So the record is the one per-slot seconds give.
+                row_second = gl.convert_layout(gl.min(second_t, axis=1), gl.SliceLayout(1, layout))
+                second_t = gl.expand_dims(row_second, 1) + gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
+                second_t = _key_floor(second_t, row_term, TILE_BITS)
+            elif CHECK:
                 second_t = _key_floor(second_t, row_term, TILE_BITS)
         _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                       fourth_ptr, row0, n, BLOCK_N, BLOCK_K, CHECK, layout)
@@ -689,6 +731,14 @@ def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
         out[6, :n] = values[:, 3] if values.shape[1] > 3 else float("inf")
 
 
+def _check_mode(check: bool, is_packed: bool) -> int:
+    """``_search_kernel``'s CHECK: 0 none; 2 (packed) one second-lowest per row and thread; 1 one per
+    slot (unpacked, or ``TORCHKM_HOPPER_ROW_SECOND=0``: experiments)."""
+    if not check:
+        return 0
+    return 2 if is_packed and os.environ.get("TORCHKM_HOPPER_ROW_SECOND", "1") != "0" else 1
+
+
 def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
            control: torch.Tensor | None = None, offset: torch.Tensor | None = None,
            operands: torch.Tensor | None = None, half_scale: torch.Tensor | None = None) -> None:
@@ -727,7 +777,10 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     is_packed = packed(x, k, half=half)
     extra = extra_k(rows_dtype) if is_packed else 0
     # As many centroid stages as fit beside the row tile (``supported`` saw that two do).
-    stages = _stages(size, d_pad, extra, config)
+    stages, programs = _occupancy(size, d_pad, extra, config)
+    # Three programs an SM only fit in 168 registers a thread (ptxas takes more unless told; the
+    # search fits them without spilling).
+    options = {"maxnreg": 168} if programs == 3 and warps == 4 else {}
     dtype = _gl_dtype(rows_dtype)
     c_layout = gl.NVMMASharedLayout.get_default_for([block_k, d_pad], dtype)
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, d_pad], c_layout)
@@ -751,9 +804,10 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         x_desc, c_desc, e_desc, x, x.stride(0), x.stride(1), half_scale if half else bias, bias,
         bias if offset is None else offset, out[0], labels[1], second, label2, third,
         label3, fourth, bias if control is None else control, n, k, d,
-        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=check, INSTR_K=32 // size, GROUP=group,
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=_check_mode(check, is_packed), INSTR_K=32 // size,
+        GROUP=group,
         HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size, d) if is_packed else 1,
-        HAS_OFFSET=offset is not None and is_packed, HALF=half, num_warps=warps,
+        HAS_OFFSET=offset is not None and is_packed, HALF=half, num_warps=warps, **options,
     )
 
 

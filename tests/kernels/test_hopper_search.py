@@ -370,6 +370,44 @@ def test_kernel_matches_reference(dtype, d, k, check):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize(("dtype", "d", "k"), [(torch.bfloat16, 128, 4099), ("fp16 operands", 128, 4099),
+                                               (torch.bfloat16, 32, 1000), (torch.float32, 256, 4099)])
+def test_row_second_and_three_programs_keep_the_record(monkeypatch, dtype, d, k):
+    """The exact record is the same, bit for bit, whether each slot keeps its own second-lowest score
+    or each row one over a thread's slots (``TORCHKM_HOPPER_ROW_SECOND``), and whether one-warpgroup
+    programs run three an SM (registers capped, three stages) or two (``TORCHKM_HOPPER_PROGRAMS``):
+    fresh random rows, close calls and exact ties (centroids stored twice), poisoned records."""
+    from torchkm._kernels.centroids import half_scale_reference, prepare_centroids, prepare_centroids_reference
+
+    n = 5_003
+    half = dtype == "fp16 operands"
+    x = torch.randn(n, d, device="cuda")
+    c = x[torch.randperm(n, device="cuda")[:k]].clone()
+    c[1::7] = c[0::7][: c[1::7].shape[0]]
+    x[:500] = c[:500] + 1e-3 * torch.randn(500, d, device="cuda")
+    if not half:
+        x = x.to(dtype)
+    records = {}
+    for row_second in ("1", "0"):
+        for programs in ("3", "2"):
+            monkeypatch.setenv("TORCHKM_HOPPER_ROW_SECOND", row_second)
+            monkeypatch.setenv("TORCHKM_HOPPER_PROGRAMS", programs)
+            got = torch.full((7, n), float("nan"), device="cuda")
+            if half:
+                s = half_scale_reference(x, c)
+                prepared = prepare_centroids_reference(c, None, torch.float32, fast=True, split=False, exact=False,
+                                                       half_scale=s)
+                hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=True, half_scale=prepared.half_scale)
+            else:
+                prepared = prepare_centroids(c, None, x.dtype, fast=True, split=False, exact=False)
+                hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=True)
+            records[row_second, programs] = got.view(torch.int32)
+    reference = records["0", "2"]
+    for key, record in records.items():
+        assert torch.equal(record, reference), key
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
 def test_kernel_skips_a_frozen_iteration():
     from torchkm._kernels.centroids import prepare_centroids
 
