@@ -778,9 +778,12 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     extra = extra_k(rows_dtype) if is_packed else 0
     # As many centroid stages as fit beside the row tile (``supported`` saw that two do).
     stages, programs = _occupancy(size, d_pad, extra, config)
-    # Three programs an SM only fit in 168 registers a thread (ptxas takes more unless told; the
-    # search fits them without spilling).
-    options = {"maxnreg": 168} if programs == 3 and warps == 4 else {}
+    # Registers capped so that the programs the shared memory was sized for fit an SM: ptxas takes
+    # more unless told (183-194 a thread for one warpgroup with CHECK), and the search fits three
+    # one-warpgroup programs' 168 without spilling. Two such programs need no cap; two of two
+    # warpgroups (TORCHKM_HOPPER_CONFIG=128,64,0,8,2, experiments) get 128.
+    registers = 65536 // (programs * warps * 32) // 8 * 8
+    options = {"maxnreg": registers} if programs > 1 and registers < 255 else {}
     dtype = _gl_dtype(rows_dtype)
     c_layout = gl.NVMMASharedLayout.get_default_for([block_k, d_pad], dtype)
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, d_pad], c_layout)
