@@ -74,8 +74,9 @@ __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search",
 #   1.98. At 512 bytes groups of 2 are slower (1M x 128 fp32 3.44 against 3.35, 32,768 x 256
 #   bf16 0.213 against 0.206).
 # - exact (CHECK: a second register a slot; since 2026-11-28 one a row and thread): 64 rows,
-#   two programs an SM: 1M x 64 fp32 2.63 -> 2.43, bf16 2.16 -> 1.86 (2 stages; 1.91 at 4); 32,768 x 256 bf16 0.253 -> 0.234; 1M x 128
-#   fp32 3.89 -> 3.86 and bf16 2.66 -> 2.62 (as good; 3 stages, one program an SM: 4.27).
+#   two programs an SM: 1M x 64 fp32 2.63 -> 2.43, bf16 2.16 -> 1.86 (2 stages; 1.91 at 4);
+#   32,768 x 256 bf16 0.253 -> 0.234; 1M x 128 fp32 3.89 -> 3.86 and bf16 2.66 -> 2.62 (as good;
+#   3 stages, one program an SM: 4.27).
 #   Three programs an SM where each has room for three stages (16-bit operands up to 128
 #   features), with registers capped at 168 (ptxas fits the search without spilling; uncapped it
 #   takes 183-194): search alone 1M x 128 exact fp32 (fp16 operands) 3.88-3.96 -> 3.75-3.86 ms,
