@@ -114,13 +114,8 @@ def _padded(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def _stages(size: int, d_pad: int, extra: int, config: tuple[int, int, int, int, int]) -> int:
-    """Centroid stages beside the row tile in shared memory (``_occupancy``)."""
-    return _occupancy(size, d_pad, extra, config)[0]
-
-
 def _occupancy(size: int, d_pad: int, extra: int, config: tuple[int, int, int, int, int]) -> tuple[int, int]:
-    """(centroid stages, programs an SM). The config's stages, at most what fits, one program an SM
+    """(centroid stages beside the row tile in shared memory, programs an SM). The config's stages, at most what fits, one program an SM
     assumed; for 0 (one warpgroup), three programs an SM where each then has room for three stages
     (its registers capped to fit, ``search``; ``TORCHKM_HOPPER_PROGRAMS=2``: never, experiments),
     else two with as many stages as fit (at most 4), else one with as many as fit."""
@@ -182,7 +177,7 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
     if dtype == x.dtype and (x.stride(1) != 1 or (x.stride(0) * size) % 16 or not _aligned(x)):
         return False
     config = _config(size, d_pad)
-    if min(_stages(size, d_pad, 16, _config(size, d_pad, check)) for check in (False, True)) < 2:
+    if min(_occupancy(size, d_pad, 16, _config(size, d_pad, check))[0] for check in (False, True)) < 2:
         return False  # an experiment's config that leaves no room for two stages
     return n > 0 and k > config[1]
 
