@@ -13,10 +13,22 @@ def blobs(rng, n, d, k, spread=10.0, sigma=1.0, offset=0.0, dtype=np.float32, re
     return (x, which) if return_blobs else x
 
 
+# Rows per chunk of ``f64_sq_distances``: the (rows, k, d) differences stay under this many values.
+_DIFFERENCE_VALUES = 1 << 24
+
+
 def f64_sq_distances(x, c):
+    """Squared distances of every row of x to every row of c, summed in float64 from the direct
+    differences (no cancellation). Rows go in chunks, each value the same sum over its own
+    differences: one (n, k, d) intermediate at a GPU test's size (1,892 x 8,192 x 256) is 32 GB,
+    and those test cases took 50-73 s each (H200 host, 2026-11-29)."""
     x = np.asarray(x, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
-    return ((x[:, None, :] - c[None, :, :]) ** 2).sum(-1)
+    rows = max(1, _DIFFERENCE_VALUES // max(1, c.shape[0] * c.shape[1]))
+    out = np.empty((x.shape[0], c.shape[0]), dtype=np.float64)
+    for start in range(0, x.shape[0], rows):
+        out[start:start + rows] = ((x[start:start + rows, None, :] - c[None, :, :]) ** 2).sum(-1)
+    return out
 
 
 def numpy_lloyd(x, c0, n_iter):

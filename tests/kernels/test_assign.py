@@ -35,9 +35,9 @@ def _check_labels(x, c, labels, precision, input_dtype=None):
     """Labels equal the float64 argmin except near-ties: fp32-rounding ties, or for "fast" the
     documented bound of the fast products (of ``input_dtype`` inputs, default ``x.dtype``)."""
     xs, cs = x.double().cpu().numpy(), c.double().cpu().numpy()
-    expected = f64_sq_distances(xs, cs).argmin(1)
+    d = f64_sq_distances(xs, cs)
+    expected = d.argmin(1)
     if precision == "fast":
-        d = f64_sq_distances(xs, cs)
         got = labels.cpu().numpy()
         gap = d[np.arange(len(xs)), got] - d[np.arange(len(xs)), expected]
         bound = gap_bound_coefficient(input_dtype or x.dtype, x.shape[1]) * np.linalg.norm(xs, axis=1) * np.linalg.norm(cs, axis=1).max()
