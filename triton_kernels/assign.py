@@ -107,7 +107,9 @@ from ._common import (
 from .centroids import _PREPARE_ROWS_TL as PREPARE_ROWS
 from .centroids import _round_tf32, amax_parts, prepare_centroids, row_norms
 from .configs import (
+    FEW_ROWS,
     assign_config,
+    candidate_chunks,
     candidate_config,
     exact_as_tf32x3,
     num_persistent_programs,
@@ -794,6 +796,26 @@ def _distance_of_key(key):
 
 
 @triton.jit
+def _candidate_top(key, x_sq, row_norm, c_norm_max, residual_max, bias_max, bound_coef, bias_coef, d):
+    """The score at or under which a centroid could still beat a deferred row's winner, whose direct
+    distance its key slot holds (``KEYS == 3``): a centroid is a candidate when what its score bounds
+    (``_distance_floor``, as the pass itself decides, inverted into a score threshold) is not above
+    that distance. ``x_sq``: the row's centred squared norm; ``row_norm``: its norm as the pass's
+    bound takes it."""
+    margin = (d + 16) * 1.1920929e-07
+    bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
+    limit = _distance_of_key(key) * (1.0 + margin)
+    # A score whose floor is within the limit is at most ``top`` (the floor inverted, with room for
+    # its roundings): one comparison per score. A few more candidates than the floor would name cost
+    # a direct distance each, never a wrong label.
+    reach = tl.sqrt(limit / (1.0 - margin)) + residual_max
+    top = reach * reach - x_sq + bound + margin * x_sq
+    top = tl.where(top >= 0, top / (1.0 - margin), top / (1.0 + margin))
+    # (and room for this arithmetic's own roundings, on the magnitudes it cancels)
+    return top + 2.0 * margin * tl.abs(top) + 1e-6 * (reach * reach + x_sq) + 1e-30
+
+
+@triton.jit
 def _candidate_plan_kernel(
     x_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr, chunk_min_ptr, list_ptr, top_ptr,
     control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef, half_ptr, xh_ptr,
@@ -823,7 +845,8 @@ def _candidate_plan_kernel(
         dims0 = tl.arange(0, BLOCK_D)
         chunk_ids = tl.arange(0, CP)
         chunk_mask = chunk_ids < n_chunks
-        # As in the pass's epilogue: the largest centroid norm, residual norm and |bias|.
+        # As in the pass's epilogue: the largest centroid norm, residual norm and |bias|. (Inline,
+        # as there: see ``_tile``.)
         parts = tl.cdiv(k, PREPARE_ROWS)
         cols = tl.arange(0, 128)
         norms = tl.zeros((128,), tl.float32)
@@ -837,7 +860,6 @@ def _candidate_plan_kernel(
         c_norm_max = tl.max(norms, axis=0)
         residual_max = tl.max(residuals, axis=0) * 1.001
         bias_max = tl.max(biases, axis=0)
-        margin = (d + 16) * 1.1920929e-07
         keys = key_ptr.to(tl.pointer_type(tl.uint64))
         row_floor = tl.load(half_ptr + 2) if HALF else 0.0
         if COPY:
@@ -848,8 +870,6 @@ def _candidate_plan_kernel(
             copied = row_mask & (slots < copy_rows)
             rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
             row_norm = tl.maximum(tl.load(norm_ptr + rows, mask=row_mask, other=0.0), row_floor)
-            bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
-            limit = _distance_of_key(tl.load(keys + slots, mask=row_mask, other=0)) * (1.0 + margin)
             x_sq = tl.zeros((BLOCK_N,), tl.float32)
             for d0 in range(0, d, BLOCK_D):
                 dims = d0 + dims0
@@ -863,14 +883,8 @@ def _candidate_plan_kernel(
                 xr = transform_rows(raw, row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0),
                                     tl.full((BLOCK_N,), 1.0, tl.float32), HAS_OFFSET, False)
                 x_sq += tl.sum(xr * xr, axis=1)
-            # A score whose floor is within the limit is at most ``top`` (the floor inverted, with
-            # room for its roundings): one comparison per score. A few more candidates than the
-            # floor would name cost a direct distance each, never a wrong label.
-            reach = tl.sqrt(limit / (1.0 - margin)) + residual_max
-            top = reach * reach - x_sq + bound + margin * x_sq
-            top = tl.where(top >= 0, top / (1.0 - margin), top / (1.0 + margin))
-            # (and room for this arithmetic's own roundings, on the magnitudes it cancels)
-            top = top + 2.0 * margin * tl.abs(top) + 1e-6 * (reach * reach + x_sq) + 1e-30
+            top = _candidate_top(tl.load(keys + slots, mask=row_mask, other=0), x_sq, row_norm, c_norm_max,
+                                 residual_max, bias_max, bound_coef, bias_coef, d)
             tl.store(top_ptr + slots, top, mask=row_mask)
             need = row_mask[:, None] & chunk_mask[None, :]
             if HAS_MINS:
@@ -896,9 +910,10 @@ def _candidate_plan_kernel(
 def _candidate_kernel(
     x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, row_index_ptr, count_ptr, list_ptr, top_ptr, cand_ptr, control_ptr,
     k, d, stride_xn, stride_xd, chunk, cand_cap, lists_at, half_ptr, xh_ptr, list_base,
+    offset_ptr, norm_ptr, c_norm_ptr, key_ptr, bound_coef, bias_coef,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr,
-    COPY: tl.constexpr,
+    COPY: tl.constexpr, LISTS: tl.constexpr, HAS_OFFSET: tl.constexpr,
 ):
     """The candidate re-search, second step: the rows listed for centroid chunk c (program axis 1;
     ``_candidate_plan_kernel``) are scored again against its centroids by the fast product, one
@@ -907,13 +922,37 @@ def _candidate_kernel(
     ``count_ptr[2 + slot]`` (cleared by the pass's preparation); a row with more is re-searched in
     full (``_candidate_exact_kernel``). ``COPY``: the rows the plan copied into fp16 (``xh_ptr``,
     by slot; their lists and counts at offset 0), else the others from x (at ``list_base``, their
-    counts after the copied rows')."""
+    counts after the copied rows').
+
+    Without ``LISTS`` (a pass over few rows without chunk minima or a copy, where every chunk would
+    list every deferred row in order) there is no plan: each program takes the first ``cand_cap``
+    deferred rows as they are and computes their thresholds itself (``_candidate_top``, as the plan
+    does), from ``offset_ptr``, ``norm_ptr``, ``c_norm_ptr``, ``key_ptr`` and the bound's
+    coefficients."""
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
     if go:
         c = tl.program_id(1)
-        listed = tl.load(count_ptr + lists_at + (0 if COPY else tl.num_programs(1)) + c)
+        if LISTS:
+            listed = tl.load(count_ptr + lists_at + (0 if COPY else tl.num_programs(1)) + c)
+        else:
+            listed = tl.minimum(tl.load(count_ptr), cand_cap)
+            # The plan's maxima (inline, as there), in BLOCK_K lanes.
+            parts = tl.cdiv(k, PREPARE_ROWS)
+            part_cols = tl.arange(0, BLOCK_K)
+            norms = tl.zeros((BLOCK_K,), tl.float32)
+            residuals = tl.zeros((BLOCK_K,), tl.float32)
+            biases = tl.zeros((BLOCK_K,), tl.float32)
+            for p0 in range(0, parts, BLOCK_K):
+                at_part = p0 + part_cols
+                norms = tl.maximum(norms, tl.load(c_norm_ptr + at_part, mask=at_part < parts, other=0.0))
+                residuals = tl.maximum(residuals, tl.load(c_norm_ptr + parts + at_part, mask=at_part < parts, other=0.0))
+                biases = tl.maximum(biases, tl.load(c_norm_ptr + 2 * parts + at_part, mask=at_part < parts, other=0.0))
+            c_norm_max = tl.max(norms, axis=0)
+            residual_max = tl.max(residuals, axis=0) * 1.001
+            bias_max = tl.max(biases, axis=0)
+            row_floor = tl.load(half_ptr + 2) if HALF else 0.0
         first = c * chunk
         last = tl.minimum(first + chunk, k)
         tile_cols = tl.arange(0, BLOCK_K)
@@ -924,10 +963,29 @@ def _candidate_kernel(
         for t in range(tl.program_id(0), tl.cdiv(listed, BLOCK_N), tl.num_programs(0)):
             at = t * BLOCK_N + tl.arange(0, BLOCK_N)
             row_mask = at < listed
-            slots = tl.load(list_ptr + c.to(tl.int64) * cand_cap + list_base + at, mask=row_mask, other=0)
+            if LISTS:
+                slots = tl.load(list_ptr + c.to(tl.int64) * cand_cap + list_base + at, mask=row_mask, other=0)
+            else:
+                slots = at
             if not COPY:
                 rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
-            top = tl.load(top_ptr + slots, mask=row_mask, other=float("-inf"))
+            if LISTS:
+                top = tl.load(top_ptr + slots, mask=row_mask, other=float("-inf"))
+            else:
+                x_sq = tl.zeros((BLOCK_N,), tl.float32)
+                for d0 in range(0, d, BLOCK_D):
+                    dims = d0 + dims0
+                    dim_mask = dims < d
+                    xr = transform_rows(
+                        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
+                                mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0),
+                        tl.full((BLOCK_N,), 1.0, tl.float32), HAS_OFFSET, False)
+                    x_sq += tl.sum(xr * xr, axis=1)
+                row_norm = tl.maximum(tl.load(norm_ptr + rows, mask=row_mask, other=0.0), row_floor)
+                top = _candidate_top(tl.load(key_ptr.to(tl.pointer_type(tl.uint64)) + slots, mask=row_mask, other=0),
+                                     x_sq, row_norm, c_norm_max, residual_max, bias_max, bound_coef, bias_coef, d)
+                top = tl.where(row_mask, top, float("-inf"))
             if HALF:
                 top = (top * half_scale) * half_scale
             for k0 in range(first, last, BLOCK_K):
@@ -2288,26 +2346,44 @@ class AssignPass:
                 copy_rows = (self.copy_rows
                              if half and not searched and os.environ.get("TORCHKM_CANDIDATE_COPY", "1") != "0" else 0)
                 xh = self.half_x if copy_rows else spare("xh", torch.float16)
-                launcher(_candidate_plan_kernel)[(self.recheck_grid,)](
-                    x, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows, self.flag_count,
-                    keys, self.chunk_mins if chunk_mins else spare("chunk_mins"), self.cand_lists, self.cand_tops,
-                    control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunks,
-                    self.cand_cap, self.lists_at, bound_args["bound_coef"], bound_args["bias_coef"],
-                    prepared.half_scale if half else spare("half"), xh, copy_rows,
-                    BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
-                    HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None, HALF=half,
-                    COPY=bool(copy_rows), num_warps=4,
-                )
+                # Over few rows (``FEW_ROWS``) without chunk minima or a copy, the plan would list
+                # every deferred row for every chunk: the candidate launch then reads the rows as
+                # they are and takes their thresholds itself, one launch fewer, over finer chunks, as
+                # a few deferred rows fill few programs (H200, 32,768 x 256, k = 8,192, about 50
+                # deferred rows: see BENCHMARKS.md). Over thousands of rows (1M x 128) the plan's
+                # thresholds, taken once a row, cost less than each program's own.
+                # ``TORCHKM_CANDIDATE_LISTS=1``: the plan and its lists always (experiments).
+                few_rows = not (chunk_mins or copy_rows or n > FEW_ROWS
+                                or os.environ.get("TORCHKM_CANDIDATE_LISTS") == "1")
+                lists = not few_rows
+                if lists:
+                    launcher(_candidate_plan_kernel)[(self.recheck_grid,)](
+                        x, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows, self.flag_count,
+                        keys, self.chunk_mins if chunk_mins else spare("chunk_mins"), self.cand_lists,
+                        self.cand_tops, control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1),
+                        self.research_chunks, self.cand_cap, self.lists_at, bound_args["bound_coef"],
+                        bound_args["bias_coef"], prepared.half_scale if half else spare("half"), xh, copy_rows,
+                        BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
+                        HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None,
+                        HALF=half, COPY=bool(copy_rows), num_warps=4,
+                    )
+                if few_rows:
+                    chunk, chunks = candidate_chunks(self.k)
+                    grid = (max(1, self.recheck_grid // chunks), chunks)
+                else:
+                    chunk, grid = self.research_chunk, split_grid
+                cand_cfg = candidate_config(torch.float16 if half else x.dtype, few_rows=few_rows)
                 for copied in (True, False) if copy_rows else (False,):
-                    launcher(_candidate_kernel)[split_grid](
+                    launcher(_candidate_kernel)[grid](
                         x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),
                         prepared.bias, self.flag_rows, self.flag_count, self.cand_lists, self.cand_tops, self.cand_ids,
-                        control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), self.research_chunk,
+                        control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1), chunk,
                         self.cand_cap, self.lists_at, prepared.half_scale if half else spare("half"), xh,
-                        0 if copied else copy_rows, S=CANDIDATES,
+                        0 if copied else copy_rows, given(offset, name="offset"), raw_norms, prepared.c_norm, keys,
+                        bound_args["bound_coef"], bound_args["bias_coef"], S=CANDIDATES,
                         PRECISION="tf32" if x.dtype == torch.float32 and not half else "ieee", SPLIT=self.split,
-                        HAS_CONTROL=control is not None, HALF=half, COPY=copied,
-                        **candidate_config(torch.float16 if half else x.dtype),
+                        HAS_CONTROL=control is not None, HALF=half, COPY=copied, LISTS=lists,
+                        HAS_OFFSET=offset is not None, **cand_cfg,
                     )
                 launcher(_candidate_exact_kernel)[(self.recheck_grid,)](
                     x, c32, given(offset, name="offset"), self.flag_rows, self.flag_count, keys, self.cand_ids,

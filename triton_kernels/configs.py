@@ -7,6 +7,7 @@ The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py 
 ``TORCHKM_BF16_SPLIT`` (``1``/``0``: bf16 centroids as hi + lo parts or not),
 ``TORCHKM_EXACT_BOUND=gap`` (the exact mode's bound on the whole gap instead of the distance bound),
 ``TORCHKM_CANDIDATE_CONFIG`` (the candidate re-search's tiles, see ``candidate_config``),
+``TORCHKM_CANDIDATE_CHUNKS`` (its centroid chunks without lists, see ``candidate_chunks``),
 ``TORCHKM_CHUNK_MINS=0`` (the candidate re-search scores every centroid chunk) and
 ``TORCHKM_PACKED_KEYS`` (``1``/``0``: the eager exact search keeps packed keys for fp32 rows too /
 never; see ``assign.AssignPass``) and ``TORCHKM_TOP3_NETWORK=0`` (that search finds a tile's best three
@@ -29,7 +30,7 @@ import os
 import torch
 import triton
 
-__all__ = ["assign_config", "candidate_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
+__all__ = ["FEW_ROWS", "assign_config", "candidate_chunks", "candidate_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
            "update_config"]
 
 
@@ -135,7 +136,7 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     return _config(128, k_tile, 64, 8, 3, True)
 
 
-def candidate_config(dtype: torch.dtype) -> dict:
+def candidate_config(dtype: torch.dtype, few_rows: bool = False) -> dict:
     """Tiles of the candidate re-search's fast product (``assign._candidate_kernel``): rows x
     centroids x features per step, warps, stages. ``TORCHKM_CANDIDATE_CONFIG``
     (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages``) overrides it for experiments.
@@ -143,14 +144,43 @@ def candidate_config(dtype: torch.dtype) -> dict:
     H200, 1M x 768, k = 8192, centroids after two Lloyd iterations (23-28 % of rows deferred),
     candidate kernel alone (``scripts/diag_streamed.py --exact-env``, 2026-11-22), ms: bf16 128 x 64
     16.5, 128 x 128 12.9, 64 x 256 13.1, 128 x 256 16.0 (spills 920 bytes); fp32 128 x 64 27.6,
-    128 x 128 20.0, 64 x 256 18.0, 128 x 256 23.4."""
+    128 x 128 20.0, 64 x 256 18.0, 128 x 256 23.4.
+
+    ``few_rows``: a pass over at most ``FEW_ROWS`` rows, whose candidate launch splits the centroids
+    finer (``candidate_chunks``): 64 x 128 tiles for every dtype. H200, 32,768 x 256, k = 8192,
+    about 50 rows deferred, kernel alone with 32 chunks, ms: fp32 64 x 256 0.023, 64 x 128 0.019;
+    bf16 128 x 128 0.015-0.016, 64 x 128 0.014-0.015 (2026-11-29)."""
     spec = os.environ.get("TORCHKM_CANDIDATE_CONFIG")
     if spec:
         bn, bk, bd, warps, stages = (int(v) for v in spec.split(","))
         return {"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_D": bd, "num_warps": warps, "num_stages": stages}
+    if few_rows:
+        return {"BLOCK_N": 64, "BLOCK_K": 128, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3}
     if dtype == torch.float32:
         return {"BLOCK_N": 64, "BLOCK_K": 256, "BLOCK_D": 32, "num_warps": 8, "num_stages": 3}
     return {"BLOCK_N": 128, "BLOCK_K": 128, "BLOCK_D": 64, "num_warps": 8, "num_stages": 3}
+
+
+# Passes over at most this many rows defer a few hundred at most (a fraction of a percent once the
+# centroids are means): their candidate launch splits the centroids finer (``candidate_chunks``).
+FEW_ROWS = 1 << 17
+# ... into at most this many chunks, each at least one 128-wide tile.
+CANDIDATE_CHUNKS = 64
+
+
+def candidate_chunks(k: int) -> tuple[int, int]:
+    """(centroids per chunk, chunks) of the candidate launch of a pass over at most ``FEW_ROWS`` rows
+    without the plan's lists (one program column a chunk): as many chunks as 128-centroid tiles, up
+    to ``CANDIDATE_CHUNKS``, so that a few deferred rows still spread over the GPU; each program's
+    work is its chunk. Other passes keep the plan, the re-search's 16 chunks and larger tiles,
+    better for thousands of rows (H200, 1M x 128, k = 4096, about 10,000 rows deferred: kernel
+    alone fp32 0.13 ms against 0.20 with this split, bf16 0.127 against 0.189, and 0.167 / 0.178
+    with the plan's chunks and tiles but each program's own thresholds, 2026-11-29).
+    ``TORCHKM_CANDIDATE_CHUNKS`` sets the most chunks (experiments)."""
+    most = int(os.environ.get("TORCHKM_CANDIDATE_CHUNKS", CANDIDATE_CHUNKS))
+    chunks = max(1, min(most, triton.cdiv(k, 128)))
+    chunk = triton.cdiv(triton.cdiv(k, chunks), 128) * 128
+    return chunk, triton.cdiv(k, chunk)
 
 
 def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:

@@ -341,8 +341,9 @@ def _launched(monkeypatch):
     return names
 
 
+@pytest.mark.parametrize("mins", ["1", "0"])
 @pytest.mark.parametrize("cap", [None, 8])
-def test_candidate_re_search_settles_deferred_rows_as_the_full_one(monkeypatch, cap):
+def test_candidate_re_search_settles_deferred_rows_as_the_full_one(monkeypatch, cap, mins):
     """Under the distance bound (d > 32) with a split re-search (k = 1000), deferred rows are first
     scored again with the fast product, and only the centroids that could still win are compared
     directly. Rows near a vector stored four times (once in each centroid chunk; the lazy and
@@ -350,11 +351,14 @@ def test_candidate_re_search_settles_deferred_rows_as_the_full_one(monkeypatch, 
     lowest index; rows near one stored twenty times have more than the 16
     kept and take the 3xTF32 re-search, as do the rows past the candidate buffer (``cap``: 8
     deferred rows). Labels, distances, sums and counts equal the full re-search's
-    (``TORCHKM_RESEARCH_CANDIDATES=0``) and float64's beyond ties."""
+    (``TORCHKM_RESEARCH_CANDIDATES=0``) and float64's beyond ties. Without the chunk minima
+    (``mins`` "0") there are no lists to plan: the candidate launch takes the deferred rows as they
+    are, over its own finer chunks."""
     import torchkm._kernels.assign as assign_module
 
     if cap is not None:
         monkeypatch.setattr(assign_module, "candidate_rows", lambda n: cap)
+    monkeypatch.setenv("TORCHKM_CHUNK_MINS", mins)
     n, d, k = 300, 40, 1000
     x, c = _data(n, d, k, seed=31)
     g = torch.Generator(device=DEVICE).manual_seed(31)
@@ -372,6 +376,8 @@ def test_candidate_re_search_settles_deferred_rows_as_the_full_one(monkeypatch, 
         counts = torch.zeros(k, device=DEVICE)
         out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts)
         assert ("_candidate_kernel" in launched) == (candidates == "1")
+        if mins == "0":  # (with them, the Hopper search keeps no minima either: no plan there)
+            assert "_candidate_plan_kernel" not in launched
         results[candidates] = (out, sums, counts)
     out, sums, counts = results["1"]
     full, full_sums, full_counts = results["0"]
@@ -422,8 +428,10 @@ def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
     labels, sq_dist, sums, counts, deferred, listed = results["1"]
     labels0, sq_dist0, sums0, counts0, deferred0, listed0 = results["0"]
     assert deferred == deferred0 >= 40
-    assert listed0 == deferred0 * p.research_chunks == 4 * deferred0
-    assert deferred <= listed <= listed0 - 3 * 20
+    # Without the minima every chunk is listed for every row, or (rows that are not copied into
+    # fp16: none at 300 features, nor bf16 rows) nothing is, as the candidate launch reads the rows.
+    assert listed0 in (0, deferred0 * p.research_chunks) and p.research_chunks == 4
+    assert deferred <= listed <= 4 * deferred0 - 3 * 20
     for group, copies in enumerate(groups):
         assert (labels[group * 20:(group + 1) * 20] == copies[0]).all()
     assert torch.equal(labels, labels0)
@@ -433,6 +441,33 @@ def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
     torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(sums, sums0, rtol=1e-5, atol=1e-5)  # float atomics: any order
     assert torch.equal(counts, counts0) and torch.equal(counts, ref_counts.to(counts.dtype))
+
+
+def _stored_copies(n, d, k, seed):
+    """Rows near a vector stored once in each of 4 centroid chunks (rows 0-39), near one stored three
+    times in one chunk (40-79), and halfway between two centroids (80-119): many deferred rows, with
+    exact ties. Returns x, c and the stored copies' indices by group."""
+    x, c = _data(n, d, k, seed=seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    groups = [[5, 300, 600, 900], [10, 11, 12]]
+    for group, copies in enumerate(groups):
+        c[copies] = c[copies[0]].clone()
+        x[group * 40:(group + 1) * 40] = c[copies[0]] + 1e-3 * torch.randn(40, d, device=DEVICE, generator=g)
+    x[80:120] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(40, d, device=DEVICE, generator=g)
+    return x, c, groups
+
+
+def _assert_same_pass(x, c, groups, got, other):
+    """Two exact passes over ``_stored_copies`` data: each group's rows at its first copy, labels and
+    distances equal, labels float64's beyond ties, sums within float atomics' reordering, counts equal."""
+    labels, sq_dist, sums, counts = got
+    for group, copies in enumerate(groups):
+        assert (labels[group * 40:(group + 1) * 40] == copies[0]).all()
+    assert torch.equal(labels, other[0])
+    torch.testing.assert_close(sq_dist, other[1], rtol=0, atol=0)
+    _check_labels(x, c, labels, "exact")
+    torch.testing.assert_close(sums, other[2], rtol=1e-5, atol=1e-5)  # float atomics: any order
+    assert torch.equal(counts, other[3])
 
 
 @pytest.mark.parametrize("offset", [False, True])
@@ -445,13 +480,7 @@ def test_candidate_copy_keeps_the_result(monkeypatch, offset):
     from torchkm._kernels.assign import AssignPass
 
     n, d, k = 300, 300, 1000
-    x, c = _data(n, d, k, seed=53)
-    g = torch.Generator(device=DEVICE).manual_seed(53)
-    groups = [[5, 300, 600, 900], [10, 11, 12]]
-    for group, copies in enumerate(groups):
-        c[copies] = c[copies[0]].clone()
-        x[group * 40:(group + 1) * 40] = c[copies[0]] + 1e-3 * torch.randn(40, d, device=DEVICE, generator=g)
-    x[80:120] = 0.5 * (c[7] + c[8]) + 1e-4 * torch.randn(40, d, device=DEVICE, generator=g)
+    x, c, groups = _stored_copies(n, d, k, seed=53)
     if offset:
         x = x + 3.0  # the plan centres what it sums, never what it copies
     shift = x.mean(0) if offset else None
@@ -476,13 +505,43 @@ def test_candidate_copy_keeps_the_result(monkeypatch, offset):
     labels0, sq_dist0, sums0, counts0, deferred0, lists0 = results["0"]
     assert deferred == deferred0 > p.copy_rows
     assert lists[0] > 0 and lists[1] > 0 and lists0[0] == 0 and sum(lists) == lists0[1]
-    for group, copies in enumerate(groups):
-        assert (labels[group * 40:(group + 1) * 40] == copies[0]).all()
-    assert torch.equal(labels, labels0)
-    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
-    _check_labels(x, c, labels, "exact")
-    torch.testing.assert_close(sums, sums0, rtol=1e-5, atol=1e-5)  # float atomics: any order
-    assert torch.equal(counts, counts0)
+    _assert_same_pass(x, c, groups, (labels, sq_dist, sums, counts), (labels0, sq_dist0, sums0, counts0))
+
+
+@pytest.mark.parametrize("offset", [False, True])
+def test_unlisted_candidates_keep_the_result(monkeypatch, offset):
+    """Without chunk minima or a copy, the candidate launch reads the deferred rows in order and
+    computes their thresholds itself, over finer centroid chunks (``configs.candidate_chunks``),
+    where the plan would list every row for every chunk (``TORCHKM_CANDIDATE_LISTS=1``). Labels,
+    distances, sums and counts are the plan's, with and without an offset (the thresholds take
+    the centred rows), and float64's beyond ties."""
+    from torchkm._kernels.assign import AssignPass
+    from torchkm._kernels.configs import candidate_chunks
+
+    n, d, k = 300, 40, 1000
+    x, c, groups = _stored_copies(n, d, k, seed=59)
+    if offset:  # rows and centroids far from the origin, where the centred norms matter
+        x, c = x + 3.0, c + 3.0
+    shift = x.mean(0) if offset else None
+    monkeypatch.setenv("TORCHKM_CHUNK_MINS", "0")
+    launched = _launched(monkeypatch)
+    results = {}
+    for lists in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_CANDIDATE_LISTS", lists)
+        p = AssignPass(x, k, "exact", update=True)
+        assert p.cand_cap and p.chunk_mins is None
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+        launched.clear()
+        p(x, c - (shift if offset else 0), offset=shift, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None,
+          prev_labels=None, labels=labels, sq_dist=sq_dist)
+        assert ("_candidate_plan_kernel" in launched) == (lists == "1") and "_candidate_kernel" in launched
+        results[lists] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), int(p.flag_count[0]))
+    labels, sq_dist, sums, counts, deferred = results["0"]
+    labels1, sq_dist1, sums1, counts1, deferred1 = results["1"]
+    # (40 on Hopper GPUs: the search settles the rows with three candidates in the pass)
+    assert deferred == deferred1 >= 40 and candidate_chunks(k)[1] > p.research_chunks
+    _assert_same_pass(x, c, groups, (labels, sq_dist, sums, counts), (labels1, sq_dist1, sums1, counts1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_gpu_for_bf16)])

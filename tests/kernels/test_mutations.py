@@ -36,11 +36,14 @@ WRITES = {
     "_assign_small_d_kernel": {"acc_ptr", "labels_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
 }
 
-CASES = [  # (precision, fused with the sums, d, k)
+CASES = [  # (precision, fused with the sums, d, k[, a setting of CASE_ENV, kept for the cases after it])
     ("exact", True, 40, 70), ("exact", False, 40, 70), ("fast", True, 40, 70), ("fast", False, 130, 70),
     ("exact", True, 130, 70), ("exact", True, 40, 1000), ("exact", True, 3, 20), ("fast", False, 3, 20),
     ("exact", True, 300, 1000),  # fp16 operands: the candidate re-search over the plan's fp16 copy
+    ("exact", True, 40, 1000, "unlisted"),  # no chunk minima: the candidate launch without the plan
 ]
+# Settings a case's name stands for.
+CASE_ENV = {"unlisted": {"TORCHKM_CHUNK_MINS": "0"}}
 
 
 def _analyse() -> None:
@@ -85,8 +88,10 @@ def _analyse() -> None:
 
     triton.runtime.driver.set_active(NamedTarget())
     results = []
-    for precision, fused, d, k in CASES:
+    for precision, fused, d, k, *setting in CASES:
         calls.clear()
+        for name in setting:
+            os.environ.update(CASE_ENV[name])
         gen = torch.Generator().manual_seed(d + k)
         x, c = torch.randn(300, d, generator=gen), torch.randn(k, d, generator=gen)
         if fused:
@@ -97,7 +102,7 @@ def _analyse() -> None:
             kernel = getattr(importlib.import_module(kernel.fn.__module__), kernel.fn.__name__)
             bound = {**dict(zip(kernel.arg_names, args)), **kwargs}
             bound = {key: value for key, value in bound.items() if key not in ("num_warps", "num_stages")}
-            results.append({"case": [precision, fused, d, k], "kernel": kernel.fn.__name__,
+            results.append({"case": [precision, fused, d, k, *setting], "kernel": kernel.fn.__name__,
                             "writes": written(kernel, bound)})
     print(json.dumps(results))
 
