@@ -84,7 +84,7 @@ def kernel_split(x: torch.Tensor, c: torch.Tensor, precision: str) -> dict[str, 
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
         if t > 0:
             out[e.key[:40]] = round(t / 1e3, 3)
-    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:6])
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:8])
 
 
 def lloyd_centroids(x: torch.Tensor, c: torch.Tensor, iters: int) -> torch.Tensor:
@@ -102,6 +102,11 @@ def lloyd_centroids(x: torch.Tensor, c: torch.Tensor, iters: int) -> torch.Tenso
     return c
 
 
+def _settings(spec: str) -> dict[str, str]:
+    """``VAR=VALUE`` or several joined by ``;`` (one variant under all of them)."""
+    return dict(part.split("=", 1) for part in spec.split(";"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -111,8 +116,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="*", default=["fast", "exact"])
     parser.add_argument("--configs", nargs="*", default=[], help="BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages,EAGER")
     parser.add_argument("--recheck-configs", nargs="*", default=[], help="re-search CONFIG/CHUNKS for the exact pass")
-    parser.add_argument("--exact-env", nargs="*", default=[], help="VAR=VALUE: the exact pass under that setting too")
-    parser.add_argument("--env", nargs="*", default=[], help="VAR=VALUE: every mode's pass under that setting too")
+    parser.add_argument("--exact-env", nargs="*", default=[], help="VAR=VALUE[;VAR=VALUE]: the exact pass under those settings too")
+    parser.add_argument("--env", nargs="*", default=[], help="VAR=VALUE[;VAR=VALUE]: every mode's pass under those settings too")
     parser.add_argument("--lloyd-iters", type=int, default=0, help="centroids after this many Lloyd iterations")
     parser.add_argument("--calls", type=int, default=3, help="pass calls per captured graph")
     parser.add_argument("--json", default=None)
@@ -140,11 +145,11 @@ def main() -> None:
                     "ms": round(pass_ms(x, c, precision, args.calls, update=False), 3)})
             record({**base, "variant": f"{precision} default, kernels", "split": kernel_split(x, c, precision)})
             variants = [(cfg, {"TORCHKM_ASSIGN_CONFIG": cfg}) for cfg in args.configs]
-            variants += [(spec, dict([spec.split("=", 1)])) for spec in args.env]
+            variants += [(spec, _settings(spec)) for spec in args.env]
             if precision == "exact":
                 variants += [(f"re-search {spec}", dict(zip(("TORCHKM_RECHECK_CONFIG", "TORCHKM_RESEARCH_CHUNKS"),
                                                             spec.split("/")))) for spec in args.recheck_configs]
-                variants += [(spec, dict([spec.split("=", 1)])) for spec in args.exact_env]
+                variants += [(spec, _settings(spec)) for spec in args.exact_env]
             for cfg, variables in [(None, {}), *variants]:
                 os.environ.update(variables)
                 try:
