@@ -3,7 +3,7 @@
 The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py --sweep); ``TORCHKM_ASSIGN_CONFIG``
 (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages[,EAGER[,SWAP]]``) overrides it for experiments, and
 ``TORCHKM_RECHECK_CONFIG`` (same format) the exact mode's re-search, whose centroid chunks
-``TORCHKM_RESEARCH_CHUNKS`` sets (default 8; see ``assign.AssignPass``). Also for experiments:
+``TORCHKM_RESEARCH_CHUNKS`` sets (default 16 with the candidate re-search, else 8; see ``assign.AssignPass``). Also for experiments:
 ``TORCHKM_BF16_SPLIT`` (``1``/``0``: bf16 centroids as hi + lo parts or not),
 ``TORCHKM_EXACT_BOUND=gap`` (the exact mode's bound on the whole gap instead of the distance bound),
 ``TORCHKM_CANDIDATE_CONFIG`` (the candidate re-search's tiles, see ``candidate_config``),
