@@ -2353,9 +2353,8 @@ class AssignPass:
                 # deferred rows: see BENCHMARKS.md). Over thousands of rows (1M x 128) the plan's
                 # thresholds, taken once a row, cost less than each program's own.
                 # ``TORCHKM_CANDIDATE_LISTS=1``: the plan and its lists always (experiments).
-                few_rows = not (chunk_mins or copy_rows or n > FEW_ROWS
-                                or os.environ.get("TORCHKM_CANDIDATE_LISTS") == "1")
-                lists = not few_rows
+                lists = bool(chunk_mins or copy_rows or n > FEW_ROWS
+                             or os.environ.get("TORCHKM_CANDIDATE_LISTS") == "1")
                 if lists:
                     launcher(_candidate_plan_kernel)[(self.recheck_grid,)](
                         x, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows, self.flag_count,
@@ -2367,12 +2366,11 @@ class AssignPass:
                         HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None,
                         HALF=half, COPY=bool(copy_rows), num_warps=4,
                     )
-                if few_rows:
+                    chunk, grid = self.research_chunk, split_grid
+                else:
                     chunk, chunks = candidate_chunks(self.k)
                     grid = (max(1, self.recheck_grid // chunks), chunks)
-                else:
-                    chunk, grid = self.research_chunk, split_grid
-                cand_cfg = candidate_config(torch.float16 if half else x.dtype, few_rows=few_rows)
+                cand_cfg = candidate_config(torch.float16 if half else x.dtype, few_rows=not lists)
                 for copied in (True, False) if copy_rows else (False,):
                     launcher(_candidate_kernel)[grid](
                         x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),

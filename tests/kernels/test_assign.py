@@ -428,9 +428,9 @@ def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
     labels, sq_dist, sums, counts, deferred, listed = results["1"]
     labels0, sq_dist0, sums0, counts0, deferred0, listed0 = results["0"]
     assert deferred == deferred0 >= 40
-    # Without the minima every chunk is listed for every row, or (rows that are not copied into
-    # fp16: none at 300 features, nor bf16 rows) nothing is, as the candidate launch reads the rows.
-    assert listed0 in (0, deferred0 * p.research_chunks) and p.research_chunks == 4
+    # Without the minima every chunk is listed for every row where the plan copies rows into fp16
+    # (fp32 rows with fp16 operands); else nothing is, as the candidate launch reads the rows.
+    assert listed0 == (deferred0 * p.research_chunks if p.half and p.copy_rows else 0) and p.research_chunks == 4
     assert deferred <= listed <= 4 * deferred0 - 3 * 20
     for group, copies in enumerate(groups):
         assert (labels[group * 20:(group + 1) * 20] == copies[0]).all()
