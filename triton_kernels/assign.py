@@ -111,6 +111,7 @@ from .configs import (
     assign_config,
     candidate_chunks,
     candidate_config,
+    candidate_exact_config,
     exact_as_tf32x3,
     num_persistent_programs,
     small_d_launch,
@@ -2386,8 +2387,8 @@ class AssignPass:
                 launcher(_candidate_exact_kernel)[(self.recheck_grid,)](
                     x, c32, given(offset, name="offset"), self.flag_rows, self.flag_count, keys, self.cand_ids,
                     self.full_slots, control_args["control_ptr"], d, x.stride(0), x.stride(1), self.cand_cap,
-                    BLOCK_R=16, S=CANDIDATES, EPI_D=32, HAS_OFFSET=offset is not None,
-                    HAS_CONTROL=control is not None, num_warps=4,
+                    S=CANDIDATES, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None,
+                    **candidate_exact_config(d, few_rows=n <= FEW_ROWS),
                 )
             if split_research:
                 launcher(_research_kernel)[split_grid](

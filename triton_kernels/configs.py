@@ -8,6 +8,7 @@ The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py 
 ``TORCHKM_EXACT_BOUND=gap`` (the exact mode's bound on the whole gap instead of the distance bound),
 ``TORCHKM_CANDIDATE_CONFIG`` (the candidate re-search's tiles, see ``candidate_config``),
 ``TORCHKM_CANDIDATE_CHUNKS`` (its centroid chunks without lists, see ``candidate_chunks``),
+``TORCHKM_CANDIDATE_EXACT_CONFIG`` (its direct distances' tiles, see ``candidate_exact_config``),
 ``TORCHKM_CHUNK_MINS=0`` (the candidate re-search scores every centroid chunk) and
 ``TORCHKM_PACKED_KEYS`` (``1``/``0``: the eager exact search keeps packed keys for fp32 rows too /
 never; see ``assign.AssignPass``) and ``TORCHKM_TOP3_NETWORK=0`` (that search finds a tile's best three
@@ -30,7 +31,7 @@ import os
 import torch
 import triton
 
-__all__ = ["FEW_ROWS", "assign_config", "candidate_chunks", "candidate_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
+__all__ = ["FEW_ROWS", "assign_config", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
            "update_config"]
 
 
@@ -159,6 +160,28 @@ def candidate_config(dtype: torch.dtype, few_rows: bool = False) -> dict:
     if dtype == torch.float32:
         return {"BLOCK_N": 64, "BLOCK_K": 256, "BLOCK_D": 32, "num_warps": 8, "num_stages": 3}
     return {"BLOCK_N": 128, "BLOCK_K": 128, "BLOCK_D": 64, "num_warps": 8, "num_stages": 3}
+
+
+def candidate_exact_config(d: int, few_rows: bool = False) -> dict:
+    """Tiles of the candidate re-search's direct distances (``assign._candidate_exact_kernel``): rows
+    per tile, features per step (each row's candidates at once), warps.
+    ``TORCHKM_CANDIDATE_EXACT_CONFIG`` (``BLOCK_R,EPI_D,num_warps``) overrides it for experiments.
+
+    A pass over few rows (``few_rows``, at most ``FEW_ROWS``) defers tens to hundreds: a tile or two
+    of 16 rows, whose time is the chain of dependent loads of its feature steps. Narrow tiles over
+    wide steps spread them over more programs and shorten the chain. H200, 32,768 x 256, k = 8192,
+    kernel alone (``scripts/diag_streamed.py --exact-env``, 2026-11-29), ms, rows x features per
+    step: with about 50 rows deferred 16 x 32 0.008-0.009, 8 x 64 0.005, 4 x 128 0.004, 2 x 256 and
+    1 x 256 0.003; with 340-530 (centroids sampled rows) 0.008-0.009, 0.005-0.006, 0.004, 0.004,
+    0.003-0.004. Thousands of deferred rows keep 16 x 32: at 1M x 128, k = 4096 (8,000-9,600
+    deferred) 16 x 32 0.009-0.010, 8 x 64 0.012-0.013, 4 x 128 0.017-0.020."""
+    spec = os.environ.get("TORCHKM_CANDIDATE_EXACT_CONFIG")
+    if spec:
+        rows, width, warps = (int(v) for v in spec.split(","))
+        return {"BLOCK_R": rows, "EPI_D": width, "num_warps": warps}
+    if few_rows:
+        return {"BLOCK_R": 4, "EPI_D": min(128, max(32, triton.next_power_of_2(d))), "num_warps": 4}
+    return {"BLOCK_R": 16, "EPI_D": 32, "num_warps": 4}
 
 
 # Passes over at most this many rows defer a few hundred at most (a fraction of a percent once the
