@@ -84,33 +84,38 @@ class Timing(NamedTuple):
 
 def per_iteration(run, iters: int, block: int = 1) -> Timing:
     """Differential time of one iteration: run(n) performs up to n iterations (synchronised inside)
-    and returns how many it ran (None: n). The two timed runs take 1 + block and 1 + block (1 + m)
-    iterations, m * block >= iters: with ``block`` the Lloyd loop's graph block, both capture the
-    same graphs (the first iteration runs eagerly, then whole blocks), so capture cancels.
+    and returns None (it ran n) or ``(ran, converged)``: how many it ran and whether it met a
+    stopping rule. The two timed runs take 1 + block and 1 + block (1 + m) iterations, m * block >=
+    iters: with ``block`` the Lloyd loop's graph block, both capture the same graphs (the first
+    iteration runs eagerly, then whole blocks), so capture cancels.
 
-    A fit that converges inside the longer run (no label changed) stops there: a difference would
-    then mix frozen iterations and the host's relocation of empty clusters into it, so the time is
-    the longer run's whole time over the iterations it ran (an upper bound), and ``converged_at``
-    says where.
+    A fit that converges inside a timed run stops there, and one that converges at its last
+    iteration skips the final assignment the others run: a difference would then mix frozen or
+    missing work into it. So where any repeat of either run converged, the time is the longer run's
+    whole time over the iterations it ran (an upper bound), and ``converged_at`` says where.
     """
     def timed(n):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         done = run(n)
         torch.cuda.synchronize()
-        return time.perf_counter() - t0, n if done is None else done
+        ran, converged = (n, False) if done is None else done
+        return time.perf_counter() - t0, ran, converged
     timed(2)  # compile / autotune / warm caches
-    first, _ = timed(2)
+    first = timed(2)[0]
     # Best of several: short runs (32,768 rows: a few ms) differ by tens of microseconds between
-    # repeats, as much as the differences measured.
+    # repeats, as much as the differences measured. (Repeats of one run can converge at different
+    # iterations: the sums' float atomics move the centroids by roundings.)
     repeats = 15 if first < 0.1 else 5 if first < 0.5 else 2 if first < 2.0 else 1
     n_base = 1 + block
     n_full = n_base + block * -(-iters // block)
-    base, ran_base = min(timed(n_base) for _ in range(repeats))
-    full, ran_full = min(timed(n_full) for _ in range(repeats))
-    if ran_base < n_base or ran_full < n_full:
-        return Timing(full / ran_full * 1e3, ran_full)
-    return Timing((full - base) / (n_full - n_base) * 1e3, None)
+    base_runs = [timed(n_base) for _ in range(repeats)]
+    full_runs = [timed(n_full) for _ in range(repeats)]
+    full, ran_full, _ = min(full_runs)
+    if any(converged for _, _, converged in base_runs + full_runs):
+        ran = min(r for _, r, _ in full_runs)
+        return Timing(min(t / r for t, r, _ in full_runs) * 1e3, ran)
+    return Timing((full - min(base_runs)[0]) / (n_full - n_base) * 1e3, None)
 
 
 def lloyd_per_iteration(run, iters: int) -> tuple[Timing, int]:
@@ -163,10 +168,13 @@ def default_tol(data: DataView) -> float:
     return 1e-4 * _loop._feature_variance_mean(data, None, Comm())
 
 
-def torchkm_lloyd(x: torch.Tensor, c0: torch.Tensor, n_iter: int, precision: str, algorithm: str = "lloyd") -> int:
+def torchkm_lloyd(x: torch.Tensor, c0: torch.Tensor, n_iter: int, precision: str,
+                  algorithm: str = "lloyd") -> tuple[int, bool]:
+    """A fit of at most ``n_iter`` Lloyd iterations from ``c0`` (``tol=-1``: it stops early only
+    when no label changes): (iterations run, whether it converged)."""
     data, offset = centred_view(x, precision)
     out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=n_iter, tol=-1.0, algorithm=algorithm)
-    return out.n_iter
+    return out.n_iter, out.converged
 
 
 def labels_off(xs: torch.Tensor, cs: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:

@@ -26,8 +26,11 @@ def test_bench_prune_run_on_cpu() -> None:
 
 
 def test_bench_lloyd_torchkm_lloyd_on_cpu() -> None:
-    x = torch.randn(500, 3)
-    assert bench_lloyd.torchkm_lloyd(x, x[:4].clone(), 3, "exact") == 3
+    x = torch.randn(500, 3, generator=torch.Generator().manual_seed(0))
+    assert bench_lloyd.torchkm_lloyd(x, x[:4].clone(), 3, "exact") == (3, False)
+    # Two well-separated blobs, started from one row of each: converged at iteration 2.
+    blobs = torch.cat([torch.randn(50, 2) * 0.01, torch.randn(50, 2) * 0.01 + 10.0])
+    assert bench_lloyd.torchkm_lloyd(blobs, blobs[[0, 50]].clone(), 20, "exact") == (2, True)
 
 
 def test_bench_lloyd_times_a_converging_fit_with_smaller_blocks(monkeypatch) -> None:
@@ -43,12 +46,33 @@ def test_bench_lloyd_times_a_converging_fit_with_smaller_blocks(monkeypatch) -> 
         blocks.append(_loop._GRAPH_BLOCK)
         asked.append(n)
         time.sleep(2e-3 * min(n, 14))
-        return min(n, 14)
+        return min(n, 14), n >= 14
 
     timing, block = bench_lloyd.lloyd_per_iteration(run, 10)
     assert block == 4 and timing.converged_at is None and timing.ms > 0
     assert max(n for n, b in zip(asked, blocks) if b == 4) == 9 <= 14 - 2
     assert _loop._GRAPH_BLOCK == 8 and set(blocks) == {8, 4}
+
+
+def test_bench_lloyd_does_not_difference_a_fit_that_converged_at_its_last_iteration(monkeypatch) -> None:
+    """A fit that converges at iteration 9 runs all 9 iterations of the shorter timed run (1 + 8)
+    but skips the final assignment the others run: that run counts as converged, and blocks of 2
+    (runs of 3 and 7) time it. One repeat converging is enough: repeats differ by roundings."""
+    from torchkm import _loop
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    blocks, calls = [], []
+
+    def run(n):
+        blocks.append(_loop._GRAPH_BLOCK)
+        calls.append(n)
+        time.sleep(1e-3 * min(n, 9))
+        converges_at = 9 if calls.count(n) % 2 else 10  # every other repeat one iteration later
+        return min(n, converges_at), n >= converges_at
+
+    timing, block = bench_lloyd.lloyd_per_iteration(run, 10)
+    assert block == 2 and timing.converged_at is None and timing.ms > 0
+    assert max(n for n, b in zip(calls, blocks) if b == 2) == 7
 
 
 def test_bench_lloyd_checks_the_box_engine() -> None:
