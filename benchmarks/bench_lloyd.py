@@ -366,22 +366,37 @@ def sweep(name, x, c, precision, research=False):
     return base, res
 
 
-def profile(x: torch.Tensor, c0: torch.Tensor, precision: str, iters: int = 3) -> dict[str, float]:
-    """GPU time per Lloyd iteration of each kernel (torch.profiler), by kernel name: where the time goes."""
+def profile(x: torch.Tensor, c0: torch.Tensor, precision: str, block: int) -> dict[str, float]:
+    """GPU time per Lloyd iteration of each kernel (torch.profiler), by kernel name: where the time
+    goes. Differential, as ``per_iteration``: fits of 1 + 2 ``block`` and 1 + ``block`` iterations
+    (graph blocks of ``block``, the block the timing used), their kernels' times subtracted and
+    divided by ``block``, so that the first iteration, the capture and the final assignment cancel.
+    (Kernels of the iterations a fit converged in count too: use a block whose runs end before.)"""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    torchkm_lloyd(x, c0, 2, precision)  # compile
-    torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        torchkm_lloyd(x, c0, iters, precision)
+    def kernel_ms(n: int) -> dict[str, float]:
         torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-        if t > 0:
-            out[e.key[:60]] = t / 1e3 / iters
-    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:8])
+        # (CPU activity where torch has no CUDA: the building blocks' test on the CPU)
+        with torch_profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]) as prof:
+            torchkm_lloyd(x, c0, n, precision)
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            if t > 0:
+                out[e.key[:60]] = out.get(e.key[:60], 0.0) + t / 1e3
+        return out
+
+    saved = _loop._GRAPH_BLOCK
+    _loop._GRAPH_BLOCK = block
+    try:
+        torchkm_lloyd(x, c0, 1 + 2 * block, precision)  # compile, capture
+        base, full = kernel_ms(1 + block), kernel_ms(1 + 2 * block)
+    finally:
+        _loop._GRAPH_BLOCK = saved
+    diff = {key: (full[key] - base.get(key, 0.0)) / block for key in full}
+    return dict(sorted(diff.items(), key=lambda kv: -kv[1])[:10])
 
 
 def main() -> None:
@@ -392,7 +407,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time the assignment pass over a set of tile configs instead")
     parser.add_argument("--sweep-precisions", nargs="*", default=["fast", "exact"])
     parser.add_argument("--sweep-research", action="store_true", help="the sweep also tries the exact re-search's configs")
-    parser.add_argument("--profile", action="store_true", help="also print each kernel's GPU ms per iteration")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print each kernel's GPU ms per iteration (differential, see profile)")
     parser.add_argument("--no-flash", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args()
@@ -460,7 +476,8 @@ def main() -> None:
                     row[f"{key}_converged_at"] = timing.converged_at
             if args.profile:
                 for precision in ("exact", "fast"):
-                    row[f"profile_{precision}"] = prof = profile(x, c0, precision, iters=min(iters, 3))
+                    block = row.get(f"ours_{precision}_block", _loop._GRAPH_BLOCK)
+                    row[f"profile_{precision}"] = prof = profile(x, c0, precision, block)
                     print(f"  profile {name} {dtype_name} {precision}: "
                           + ", ".join(f"{key} {v:.3f}" for key, v in prof.items()), flush=True)
             rate = ceil["tf32_TFLOPs"] if dtype == torch.float32 else ceil["bf16_TFLOPs"]

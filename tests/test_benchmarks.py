@@ -132,3 +132,14 @@ def test_diag_search_kernels_find_the_nearest_centroid() -> None:
         # Exact under the interpreter; on a GPU the products are tf32, so near-ties may go either way.
         gap = sq.gather(1, labels[:, None])[:, 0] - best
         assert (gap <= (0.0 if device == "cpu" else 0.1)).all(), (swap, epi)
+
+
+def test_bench_lloyd_profile_runs(monkeypatch) -> None:
+    """The differential kernel profile runs (on the CPU it sees no GPU kernels) and restores the block."""
+    from torchkm import _loop
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    x = torch.randn(300, 3, generator=torch.Generator().manual_seed(1))
+    out = bench_lloyd.profile(x, x[:4].clone(), "exact", 2)
+    assert isinstance(out, dict) and all(isinstance(v, float) for v in out.values())
+    assert _loop._GRAPH_BLOCK == 8
