@@ -973,6 +973,9 @@ def _candidate_kernel(
             if LISTS:
                 top = tl.load(top_ptr + slots, mask=row_mask, other=float("-inf"))
             else:
+                # (A loop of its own: summing the product loop's row loads as well raced in Triton
+                # 3.6's software pipeline, bf16 rows at 2 or 3 stages, so that thresholds came out
+                # wrong and labels off a float64 argmin (H200, 2026-11-29; triton-lang/triton#6691).)
                 x_sq = tl.zeros((BLOCK_N,), tl.float32)
                 for d0 in range(0, d, BLOCK_D):
                     dims = d0 + dims0
