@@ -9,8 +9,9 @@ Per iteration means one assignment of every row plus the centroid update (and fo
 statistics and its host sync per graph block), measured differentially: (time of 1 + B + R
 iterations - time of 1 + B iterations) / R, B the Lloyd loop's graph block (8) for torchkm and 1
 for the others, so set-up costs (flash-kmeans' ||x||^2 pass, torchkm's final assignment and graph
-capture) cancel. Where a fit converges inside the timed iterations (no label changed), the time
-is the longer run's whole time over the iterations it ran (an upper bound: set-up, capture and
+capture) cancel. Where a fit converges inside the timed iterations (no label changed; in any
+repeat of either run, at its last iteration too), the time is the longer run's whole time over the
+iterations it ran (an upper bound: set-up, capture and
 the host's work on empty clusters included), marked ``*`` in the table (``converged_at`` in the
 JSON); ``scripts/diag_hopper_search.py`` times the pass alone. torchkm's dense fits are then timed
 again with smaller graph blocks, whose runs end before the fit converges (``lloyd_per_iteration``;
