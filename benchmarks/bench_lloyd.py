@@ -112,11 +112,9 @@ def per_iteration(run, iters: int, block: int = 1) -> Timing:
     n_full = n_base + block * -(-iters // block)
     base_runs = [timed(n_base) for _ in range(repeats)]
     full_runs = [timed(n_full) for _ in range(repeats)]
-    full, ran_full, _ = min(full_runs)
     if any(converged for _, _, converged in base_runs + full_runs):
-        ran = min(r for _, r, _ in full_runs)
-        return Timing(min(t / r for t, r, _ in full_runs) * 1e3, ran)
-    return Timing((full - min(base_runs)[0]) / (n_full - n_base) * 1e3, None)
+        return Timing(min(t / r for t, r, _ in full_runs) * 1e3, min(r for _, r, _ in full_runs))
+    return Timing((min(full_runs)[0] - min(base_runs)[0]) / (n_full - n_base) * 1e3, None)
 
 
 def lloyd_per_iteration(run, iters: int) -> tuple[Timing, int]:

@@ -33,46 +33,44 @@ def test_bench_lloyd_torchkm_lloyd_on_cpu() -> None:
     assert bench_lloyd.torchkm_lloyd(blobs, blobs[[0, 50]].clone(), 20, "exact") == (2, True)
 
 
+def _timed_fake_fits(monkeypatch, converges_at):
+    """``lloyd_per_iteration`` over a stand-in fit that sleeps 1 ms an iteration and converges at
+    ``converges_at(n, repeat)`` (repeat: how many runs of n came before). Returns the timing, the
+    block, and each run's (graph block, iterations asked)."""
+    from torchkm import _loop
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    runs = []
+
+    def run(n):
+        stop = converges_at(n, sum(asked == n for _, asked in runs))
+        runs.append((_loop._GRAPH_BLOCK, n))
+        time.sleep(1e-3 * min(n, stop))
+        return min(n, stop), n >= stop
+
+    timing, block = bench_lloyd.lloyd_per_iteration(run, 10)
+    assert _loop._GRAPH_BLOCK == 8  # restored
+    return timing, block, runs
+
+
 def test_bench_lloyd_times_a_converging_fit_with_smaller_blocks(monkeypatch) -> None:
     """A fit that converges at iteration 14, inside the runs of 1 + 8 and 1 + 8 (1 + m) iterations,
     is timed again with blocks of 4: runs of 5 and 9 iterations, both clear of convergence, so the
     time is a difference again. The loop's block is restored."""
-    from torchkm import _loop
-
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    blocks, asked = [], []
-
-    def run(n):
-        blocks.append(_loop._GRAPH_BLOCK)
-        asked.append(n)
-        time.sleep(2e-3 * min(n, 14))
-        return min(n, 14), n >= 14
-
-    timing, block = bench_lloyd.lloyd_per_iteration(run, 10)
+    timing, block, runs = _timed_fake_fits(monkeypatch, lambda n, repeat: 14)
     assert block == 4 and timing.converged_at is None and timing.ms > 0
-    assert max(n for n, b in zip(asked, blocks) if b == 4) == 9 <= 14 - 2
-    assert _loop._GRAPH_BLOCK == 8 and set(blocks) == {8, 4}
+    assert max(n for b, n in runs if b == 4) == 9 <= 14 - 2
+    assert {b for b, _ in runs} == {8, 4}
 
 
 def test_bench_lloyd_does_not_difference_a_fit_that_converged_at_its_last_iteration(monkeypatch) -> None:
     """A fit that converges at iteration 9 runs all 9 iterations of the shorter timed run (1 + 8)
     but skips the final assignment the others run: that run counts as converged, and blocks of 2
     (runs of 3 and 7) time it. One repeat converging is enough: repeats differ by roundings."""
-    from torchkm import _loop
-
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    blocks, calls = [], []
-
-    def run(n):
-        blocks.append(_loop._GRAPH_BLOCK)
-        calls.append(n)
-        time.sleep(1e-3 * min(n, 9))
-        converges_at = 9 if calls.count(n) % 2 else 10  # every other repeat one iteration later
-        return min(n, converges_at), n >= converges_at
-
-    timing, block = bench_lloyd.lloyd_per_iteration(run, 10)
+    # every other repeat of a run one iteration later
+    timing, block, runs = _timed_fake_fits(monkeypatch, lambda n, repeat: 10 if repeat % 2 else 9)
     assert block == 2 and timing.converged_at is None and timing.ms > 0
-    assert max(n for n, b in zip(calls, blocks) if b == 2) == 7
+    assert max(n for b, n in runs if b == 2) == 7
 
 
 def test_bench_lloyd_checks_the_box_engine() -> None:
