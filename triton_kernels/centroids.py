@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ._common import launcher, unused
 
-__all__ = ["Prepared", "amax_parts", "centre_rows", "centre_rows_reference", "finish_update", "finish_update_reference",
+__all__ = ["Prepared", "amax_parts", "centre_rows", "centroid_parts", "centre_rows_reference", "finish_update", "finish_update_reference",
            "half_row_floor", "half_scale_reference",
            "prepare_centroids", "prepare_centroids_reference",
            "round_to_tf32", "row_norms", "row_norms_reference", "shift_top_reference", "unpack_shift_top"]
@@ -73,9 +73,9 @@ def _half_scale(parts_ptr, n_parts, d):
     """(s, row floor) from the partial maxima: s the power of two with s M in [2^8, 2^9) for M the
     largest |x| and 2 |c| (1 for M = 0), clamped to [2^-60, 2^60]; the floor 2^-13 sqrt(d) / s (see
     ``half_row_floor``)."""
-    offs = tl.arange(0, 256)
-    top = tl.zeros((256,), tl.float32)
-    for i in range(0, n_parts, 256):
+    offs = tl.arange(0, 1024)
+    top = tl.zeros((1024,), tl.float32)
+    for i in range(0, n_parts, 1024):
         top = tl.maximum(top, tl.load(parts_ptr + i + offs, mask=i + offs < n_parts, other=0.0))
     m = tl.max(top, axis=0)
     exponent = ((m.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
@@ -87,14 +87,21 @@ def _half_scale(parts_ptr, n_parts, d):
 
 @triton.jit
 def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, norm_ptr, x_programs, first_program,
-                       AMAX: tl.constexpr, NORMS: tl.constexpr,
+                       AMAX: tl.constexpr, NORMS: tl.constexpr, KEEP_KNOWN: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     # Programs [0, x_programs): the largest |x| over strided row blocks (AMAX), and the rows' norms
     # (NORMS: each row block covers its rows whole); the others: the largest 2 |c| over the flat
     # centroids. One float each, reduced by ``_half_scale``. A launch may start at
-    # ``first_program`` (x_programs: the centroids' only).
+    # ``first_program`` (x_programs: the centroids' only). KEEP_KNOWN: a row program whose slot
+    # already holds a maximum (>= 0; -1 is "unknown") leaves it.
     pid = tl.program_id(0) + first_program
-    if pid < x_programs:
+    if KEEP_KNOWN:
+        todo = pid < x_programs
+        if todo:
+            todo = tl.load(out_ptr + pid) < 0.0
+    else:
+        todo = pid < x_programs
+    if todo:
         top = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
         rows0 = tl.arange(0, BLOCK_R)
         dims0 = tl.arange(0, BLOCK_D)
@@ -113,7 +120,7 @@ def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, no
                 tl.store(norm_ptr + rows, tl.sqrt(sq), mask=rows < n)
         if AMAX:
             tl.store(out_ptr + pid, tl.max(tl.max(top, axis=1), axis=0))
-    else:
+    elif pid >= x_programs:
         top_c = tl.zeros((BLOCK_C,), tl.float32)
         offs = tl.arange(0, BLOCK_C)
         n_c = tl.num_programs(0) + first_program - x_programs
@@ -123,24 +130,41 @@ def _amax_parts_kernel(x_ptr, n, d, stride_xn, stride_xd, c_ptr, kd, out_ptr, no
         tl.store(out_ptr + pid, tl.max(top_c, axis=0))
 
 
+# Flat centroid elements a centroid program of ``_amax_parts_kernel`` reads per step.
+AMAX_C_BLOCK = 2048
+
+
+def centroid_parts(kd: int, sms: int) -> int:
+    """Programs (and slots of ``amax_parts``' output) for the maxima of ``kd`` centroid elements: about
+    two steps of ``AMAX_C_BLOCK`` each, up to four per SM. Each program's steps are dependent loads,
+    so few programs make a long chain: one per SM with 1,024-element steps took 15 us per fp32
+    iteration at 8,192 x 256 centroids (H200, 2026-11-29, 16 steps a program)."""
+    return max(1, min(4 * sms, triton.cdiv(kd, 2 * AMAX_C_BLOCK)))
+
+
 def amax_parts(x: torch.Tensor, c32: torch.Tensor, out: torch.Tensor, x_programs: int, *, rows: bool = True,
-               norms: torch.Tensor | None = None) -> None:
+               norms: torch.Tensor | None = None, keep_known: bool = False) -> None:
     """Partial maxima for fp16 operands into ``out`` (float32): the first ``x_programs`` of |x|
     (any strides), the rest of 2 |c| for the contiguous fp32 centroids ``c32``;
     ``prepare_centroids(half_parts=out)`` reduces them. ``rows=False``: the centroids' only, ``out``
-    keeping the maxima of x from an earlier call (rows that did not change). ``norms``: a float32
-    (n,) tensor that also receives the rows' norms ``||x_i||`` (fp32 sums of squares) as the
-    launch reads them (one read of x instead of two; needs ``rows``)."""
+    keeping the maxima of x from an earlier call (rows that did not change). ``keep_known``: the
+    rows' slots that hold -1 are computed, the others kept, as the launch runs (not as it is
+    issued): a launch captured in a CUDA graph before the rows' maxima were ever computed reads
+    the rows at its first replay only. ``norms``: a float32 (n,) tensor that also receives the
+    rows' norms ``||x_i||`` (fp32 sums of squares) as the launch reads them (one read of x
+    instead of two; needs ``rows`` and not ``keep_known``)."""
     if x_programs < 1 or out.numel() <= x_programs:
         raise ValueError("amax_parts: out needs a slot for every program, x and centroids")
-    if norms is not None and not rows:
-        raise ValueError("amax_parts: norms come from reading the rows (rows=True)")
+    if norms is not None and (not rows or keep_known):
+        raise ValueError("amax_parts: norms come from reading the rows (rows=True, keep_known=False)")
+    if keep_known and not rows:
+        raise ValueError("amax_parts: keep_known decides which rows' slots to compute (rows=True)")
     n, d = x.shape
     first = 0 if rows else x_programs
     launcher(_amax_parts_kernel)[(out.numel() - first,)](
         x, n, d, x.stride(0), x.stride(1), c32, c32.numel(), out, unused(x.device) if norms is None else norms,
-        x_programs, first, AMAX=True, NORMS=norms is not None, BLOCK_R=32, BLOCK_D=_row_block_d(d), BLOCK_C=1024,
-        num_warps=4)
+        x_programs, first, AMAX=True, NORMS=norms is not None, KEEP_KNOWN=keep_known, BLOCK_R=32,
+        BLOCK_D=_row_block_d(d), BLOCK_C=AMAX_C_BLOCK, num_warps=4)
 
 
 def row_norms(x: torch.Tensor, out: torch.Tensor) -> None:
@@ -153,7 +177,8 @@ def row_norms(x: torch.Tensor, out: torch.Tensor) -> None:
     programs = max(1, min(4 * sms, triton.cdiv(n, 32)))
     launcher(_amax_parts_kernel)[(programs,)](
         x, n, d, x.stride(0), x.stride(1), unused(x.device), 0, unused(x.device), out, programs, 0,
-        AMAX=False, NORMS=True, BLOCK_R=32, BLOCK_D=_row_block_d(d), BLOCK_C=1024, num_warps=4)
+        AMAX=False, NORMS=True, KEEP_KNOWN=False, BLOCK_R=32, BLOCK_D=_row_block_d(d), BLOCK_C=AMAX_C_BLOCK,
+        num_warps=4)
 
 
 def row_norms_reference(x: torch.Tensor) -> torch.Tensor:

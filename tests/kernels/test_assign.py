@@ -694,7 +694,7 @@ def test_fp16_operands_of_fixed_rows_read_their_maxima_once(monkeypatch):
     reads = []
     amax_parts = assign_module.amax_parts
     monkeypatch.setattr(assign_module, "amax_parts",
-                        lambda *args, rows=True, norms=None: (reads.append(rows), amax_parts(*args, rows=rows, norms=norms)))
+                        lambda *args, rows=True, **kw: (reads.append(rows), amax_parts(*args, rows=rows, **kw)))
 
     def run(p, rows, centroids):
         labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
@@ -712,6 +712,36 @@ def test_fp16_operands_of_fixed_rows_read_their_maxima_once(monkeypatch):
         want = run(AssignPass(rows, k, "exact", update=True, config=config), rows, centroids)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and torch.equal(got[3], want[3])
         torch.testing.assert_close(got[2], want[2], rtol=1e-5, atol=1e-5 * float(rows.abs().max()))  # (atomics)
+
+
+def test_fp16_operands_of_new_fixed_rows_are_read_where_their_slots_say_unknown():
+    """The first call of a ``fixed_rows`` pass may be a CUDA graph's capture (a fit after the first of
+    its shape): its launch for the rows' maxima then runs at every replay, so it reads the rows only
+    where their slots still hold -1 when it runs, and keeps maxima already there. Other rows later
+    are forgotten and read."""
+    from torchkm._kernels.assign import AssignPass
+
+    n, d, k = 130, 136, 40
+    x, c = _fp16_operand_rows(n, d, k, 8, 1.0)
+    config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
+
+    def run(p, rows):
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        p(rows, c, offset=None, row_scale=None, raw_norms=rows.norm(dim=1), sample_weight=None, prev_labels=None,
+          labels=labels)
+        assert int(labels.min()) >= 0
+
+    fixed = AssignPass(x, k, "exact", update=True, config=config, fixed_rows=True)
+    programs = fixed.half_x_programs
+    assert fixed.half and (fixed.half_parts[:programs] == -1).all()
+    fixed.half_parts[:programs] = 1e3  # as an earlier replay of the same launch would have left them
+    run(fixed, x)
+    assert (fixed.half_parts[:programs] == 1e3).all()
+    other = x * 3
+    run(fixed, other)
+    assert fixed.half_parts[:programs].max() == other.abs().max()
+    run(fixed, other)  # then the centroids' only
+    assert fixed.half_parts[:programs].max() == other.abs().max()
 
 
 def _fp16_operand_rows(n: int, d: int, k: int, seed: int, magnitude: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,10 +3,12 @@
 import pytest
 import torch
 from torchkm._kernels.centroids import (
+    AMAX_C_BLOCK,
     HALF_TOP_EXPONENT,
     amax_parts,
     centre_rows,
     centre_rows_reference,
+    centroid_parts,
     finish_update,
     finish_update_reference,
     half_scale_reference,
@@ -92,6 +94,41 @@ def test_amax_parts_of_the_centroids_alone_keep_the_rows_maxima():
     amax_parts(x * 0, c * 100, parts, 4, rows=False)
     assert torch.equal(parts[:4], rows_max)
     assert parts[4:].max() == 200 * c.abs().max()
+
+
+def test_half_scale_reduces_more_parts_than_one_step():
+    """More partial maxima than ``_half_scale`` reads in one step (1,024): the largest may sit in any
+    step, the centroids' too. ``centroid_parts`` gives up to four programs an SM, each two steps."""
+    assert centroid_parts(1, 132) == 1 and centroid_parts(8192 * 256, 132) == 512 and centroid_parts(8192 * 768, 132) == 4 * 132
+    assert centroid_parts(2 * AMAX_C_BLOCK * 7 + 1, 132) == 8
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(40, 6, generator=g).to(DEVICE)
+    c = torch.randn(5, 6, generator=g).to(DEVICE)
+    for where in (3, 1030, 2049):
+        parts = torch.full((2100,), 0.5, device=DEVICE)
+        amax_parts(x, c, parts[:10], 4)  # the real maxima among the first slots
+        parts[where] = 1e3  # far above them: the scale must come from this slot
+        got = prepare_centroids(c, None, torch.float32, fast=True, split=False, exact=True, half_parts=parts)
+        torch.testing.assert_close(got.half_scale[0].item(), 2.0**(HALF_TOP_EXPONENT - 9), rtol=0, atol=0)
+
+
+def test_amax_parts_keep_known_reads_only_the_unknown_rows_slots():
+    """``keep_known``: slots holding -1 get the rows' maxima, slots holding a maximum keep it; the
+    centroids' slots are always written."""
+    g = torch.Generator().manual_seed(13)
+    x = (torch.randn(301, 9, generator=g) * 3).to(DEVICE)
+    c = torch.randn(6, 9, generator=g).to(DEVICE)
+    want = torch.full((7,), float("nan"), device=DEVICE)
+    amax_parts(x, c, want, 4)
+    parts = torch.tensor([-1.0, 5e3, -1.0, 0.0, -1.0, -1.0, -1.0], device=DEVICE)
+    amax_parts(x, c, parts, 4, keep_known=True)
+    assert parts[0] == want[0] and parts[2] == want[2]
+    assert parts[1] == 5e3 and parts[3] == 0.0
+    assert torch.equal(parts[4:], want[4:])
+    with pytest.raises(ValueError, match="keep_known"):
+        amax_parts(x, c, parts, 4, rows=False, keep_known=True)
+    with pytest.raises(ValueError, match="rows=True"):
+        amax_parts(x, c, parts, 4, keep_known=True, norms=torch.empty(301, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF])
