@@ -63,9 +63,8 @@ Precision (``precision=``):
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
 transformed copy of x ever exists.
 
-On Hopper GPUs, for the rows ``hopper_search.supported`` takes (64-256 features, 17-32 for 16-bit
-rows, unscaled, no row list; the exact mode, and the fast mode for fp32 and packed bf16 rows of more
-than 32 features), the search runs in
+On Hopper GPUs, for the rows ``hopper_search.supported`` takes (33-256 features, unscaled, no row
+list; the exact mode, and the fast mode for fp32 and packed bf16 rows), the search runs in
 ``hopper_search.py`` (a Gluon kernel whose running minimum overlaps the next product) and writes a
 per-row record; this kernel then runs its epilogue from that record (``SEARCHED``).
 """

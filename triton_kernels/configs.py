@@ -97,9 +97,17 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
         # 1.58 ns per row over a list of all rows against 1.18 without a list; 128-row tiles 1.09
         # and 1.07, and 1.24 against 1.77 over a shuffled list of 12 % of the rows
         # (scripts/diag_rowlist.py, 2026-11-22).
+        # With the packed keys of kernels v25, three stages and, exact, 64-row tiles for both dtypes:
+        # H200, 2026-11-29, fused pass (replayed; tile sweep of 245,760 and 3.9M x 32, k = 1024), ms,
+        # before -> after: exact fp32 0.217 -> 0.213 and 3.17 -> 3.09; exact bf16 on this search
+        # 0.215 -> 0.193 and 2.96 -> 2.60 (the Hopper search took 0.201 and 2.85: 16-bit rows of at
+        # most 32 features now stay here, ``hopper_search.supported``); fast fp32 0.130 -> 0.121 and
+        # 1.84 -> 1.71; fast bf16 (64 x 64 before) 0.106 -> 0.101 and 1.56 -> 1.44. 128-row exact
+        # tiles, 64-centroid tiles, 8 warps or 4 stages: level or slower.
+        if k > 64 and not row_list:
+            return _config(64 if exact else 128, 32, d_pad, 4, 3, False)
         if exact:
-            rows = 64 if operand_bytes == 4 and k > 64 and not row_list else 128
-            return _config(rows, min(32, k_tile), d_pad, 4, 2, False)
+            return _config(128, min(32, k_tile), d_pad, 4, 2, False)
         if operand_bytes == 4:
             return _config(128, min(32, k_tile), d_pad, 4, 2, False)
         return _config(64, min(64, k_tile), d_pad, 4, 2, False)

@@ -157,7 +157,7 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
               dtype: torch.dtype | None = None) -> bool:
     """Whether ``search`` takes rows ``x`` and ``k`` centroids: 16- or 32-bit rows read as they are (no
     scale, no hi + lo centroids, no row list), contiguous and 16-byte aligned as TMA needs, the
-    padded row of 64 to 256 features (one tile in shared memory; from 32 for 16-bit rows), and more
+    padded row of 64 to 256 features (one tile in shared memory), and more
     than one centroid tile (one leaves nothing to overlap). The prepared centroids are contiguous
     (k, d) in x's dtype. ``dtype``: the search converts x's rows to that dtype as it loads them
     (fp16 operands for fp32 rows, ``search``'s ``half_scale``), so x's own layout does not matter."""
@@ -169,11 +169,12 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
     n, d = x.shape
     size = dtype.itemsize
     d_pad = _padded(d)
-    # 16-bit rows read as they are from 32 padded features (H200, 245,760 x 32, k = 1024, bf16,
-    # Lloyd iteration, exact mode, three alternating runs each, 2026-11-22: 0.245 / 0.248 / 0.242
-    # ms against 0.290 / 0.318 / 0.317 on the tl.dot search). fp32 rows converted to fp16 measured
-    # slower there (0.30 against 0.25 ms), and so did all fp32 rows in the previous try (kernels v20).
-    if d_pad < (32 if size == 2 and dtype == x.dtype else 64) or d_pad > 256 or (d * size) % 16:
+    # From 64 padded features. (16-bit rows of 17-32 features took it from 2026-11-22, when it beat
+    # the tl.dot search: H200, 245,760 x 32, k = 1024, bf16, exact Lloyd iteration 0.245 against
+    # 0.290-0.318 ms. Since that search's packed keys and three stages, the exact fused pass there
+    # takes 0.193 ms against the Hopper search's 0.201, and 2.60 against 2.85 at 3.9M rows, H200,
+    # 2026-11-29; fp32 rows converted to fp16 were slower there too, kernels v20.)
+    if d_pad < 64 or d_pad > 256 or (d * size) % 16:
         return False
     if dtype == x.dtype and (x.stride(1) != 1 or (x.stride(0) * size) % 16 or not _aligned(x)):
         return False

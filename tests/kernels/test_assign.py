@@ -905,7 +905,8 @@ def test_half_precision_fast_pass_at_default_configs(dtype, n, d, k):
                                    (30_000, 200, 700)])
 def test_bfloat16_exact_pass_at_default_configs(n, d, k):
     """bf16 rows, exact mode (one bf16 product under the distance bound; every row with 3xTF32 at 32
-    features and 32 clusters; the Hopper search at 32 features and 1024 clusters, 128 and 200):
+    features and 32 clusters; the tl.dot search's packed keys at 32 features and 1024 clusters; on a
+    Hopper GPU its search at 128 and 200):
     labels of the fp32 computation on the bf16 values, and sums equal to those labels' sums."""
     g = torch.Generator(device="cuda").manual_seed(n + d + k)
     x = torch.randn(n, d, device="cuda", generator=g).bfloat16()
