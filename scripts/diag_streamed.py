@@ -29,7 +29,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from bench_lloyd import check, graph_ms, ms
+from bench_lloyd import check, distinct_rows, graph_ms, ms
 
 
 def gemm_ms(x: torch.Tensor, c: torch.Tensor, chunk: int = 1 << 17) -> float:
@@ -127,7 +127,7 @@ def main() -> None:
     n, d, k = args.n, args.d, args.k
     g = torch.Generator(device="cuda").manual_seed(int(time.time()))
     x32 = torch.randn(n, d, device="cuda", generator=g)
-    c0 = x32[torch.randint(0, n, (k,), device="cuda", generator=g)].clone()
+    c0 = distinct_rows(x32, k, g)
     rows = []
 
     def record(row):

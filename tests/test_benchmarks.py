@@ -33,6 +33,12 @@ def test_bench_lloyd_torchkm_lloyd_on_cpu() -> None:
     assert bench_lloyd.torchkm_lloyd(blobs, blobs[[0, 50]].clone(), 20, "exact") == (2, True)
 
 
+def test_bench_lloyd_starts_from_distinct_rows() -> None:
+    x = torch.arange(64.0).reshape(32, 2)  # every row distinct
+    c0 = bench_lloyd.distinct_rows(x, 32, torch.Generator().manual_seed(1))
+    assert c0.shape == (32, 2) and torch.equal(c0[:, 0].sort().values, x[:, 0])
+
+
 def _timed_fake_fits(monkeypatch, converges_at):
     """``lloyd_per_iteration`` over a stand-in fit that sleeps 1 ms an iteration and converges at
     ``converges_at(n, repeat)`` (repeat: how many runs of n came before). Returns the timing, the
