@@ -216,9 +216,8 @@ def test_searched_pass_labels_and_distances(searched, precision, dtype, d):
     x, c = _data(n, d, k, seed=7, dtype=dtype)
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
     # The fast mode keeps the tl.dot search for fp16 rows (measured as fast); rows of at most 32
-    # features take the search as 16-bit rows in the exact mode only.
-    assert bool(searched) == ((precision == "exact" and (dtype == torch.float16 or d > 32))
-                              or (dtype == torch.float32 and d > 32))
+    # features keep it in both modes (``hopper_search.supported``).
+    assert bool(searched) == (d > 32 and (precision == "exact" or dtype == torch.float32))
     _check_labels(x.float(), c, out.labels, precision, input_dtype=dtype)
     direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
