@@ -68,6 +68,49 @@ def test_assign_matches_float64_on_odd_shapes(d, k, precision, search):
     assert int(out.changed) == n
 
 
+@pytest.mark.parametrize("search", ["lazy", "eager", "swap", "default"])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("d, k", [(16, 64), (32, 96), (32, 1024)])
+def test_whole_tiles_of_whole_rows_load_without_masks(d, k, precision, search):
+    """Rows of exactly one feature chunk over whole centroid tiles (``assign._one_chunk`` 2: the
+    search's loads without masks, 32-bit offsets): labels, distances and sums as float64's, and the
+    same labels as the masked loads of a 16-wide step wider than the rows."""
+    from torchkm._kernels.assign import _one_chunk
+
+    n = 97
+    x, c = _data(n, d, k, seed=d * 1_000 + k)
+    config = None if search == "default" else {**_search_config(search, d), "BLOCK_D": d}
+    got = {}
+    for width in (d, 2 * d):
+        cfg = config and {**config, "BLOCK_D": width}
+        if cfg is not None:
+            assert _one_chunk(cfg, k, d) == (2 if width == d and k % cfg["BLOCK_K"] == 0 else 1)
+        elif width != d:
+            continue
+        sums = torch.zeros(k, d, device=DEVICE)
+        counts = torch.zeros(k, device=DEVICE)
+        out = assign(x, c, precision=precision, raw_norms=x.norm(dim=1), sums=sums, counts=counts, config=cfg)
+        _check_labels(x, c, out.labels, precision)
+        direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
+        torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
+        ref_sums, ref_counts = update_reference(x, out.labels, k)
+        torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(counts, ref_counts)
+        got[width] = out.labels
+    if len(got) == 2:
+        assert torch.equal(got[d], got[2 * d])
+
+
+def test_one_chunk_kinds():
+    from torchkm._kernels.assign import _one_chunk
+
+    assert _one_chunk({"BLOCK_D": 32, "BLOCK_K": 32}, 1024, 32) == 2
+    assert _one_chunk({"BLOCK_D": 32, "BLOCK_K": 32}, 1000, 32) == 1  # a partial centroid tile
+    assert _one_chunk({"BLOCK_D": 32, "BLOCK_K": 32}, 1024, 24) == 1  # a partial feature chunk
+    assert _one_chunk({"BLOCK_D": 32, "BLOCK_K": 32}, 1024, 40) == 0  # streamed
+    assert _one_chunk({"BLOCK_D": 64, "BLOCK_K": 64}, 2**26, 64) == 1  # k d past 32-bit offsets
+
+
 def _check_fused_pass(d, k, seed, config=None):
     """One exact pass of weighted, centred rows with previous labels and sums: labels, sums, counts,
     changed labels, distances and inertia against float64."""
