@@ -769,11 +769,11 @@ class BoxEngine(ReplayedEngine):
         k, d = self.c.shape
         finish_update(self.acc[: k * d].view(1, k, d), self.acc[k * d:].view(1, k), self.c, self.part_inertia,
                       self.part_changed, self.record, normalize=self.normalize, old_centroids=self.c_old,
-                      sums=self.sums, counts=self.counts, control=control, tallies=self.tallies)
+                      sums=self.sums, counts=self.counts, control=control, tallies=self.tallies,
+                      record=self.recording if in_block else None)
 
     def _block_pass(self) -> None:
         self._pass(True, in_block=True)
-        self.stats_prev.copy_(self.stats)
 
     def iterate(self, has_prev: bool) -> None:
         """One pass, its statistics the first row of the next ``read``; without ``has_prev`` the

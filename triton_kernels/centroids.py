@@ -493,17 +493,22 @@ def prepare_centroids_reference(
     return Prepared(c_mma, c_lo_mma, bias.float(), c_exact, bias_exact, c_norm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["log_rows"])  # (a block's length: one compile for every block)
 def _finish_kernel(
     acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
     part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, control_ptr, shift_top_ptr, shift_margin,
-    tally_a_ptr, tally_b_ptr, k, d,
+    tally_a_ptr, tally_b_ptr, k, d, log_ptr, log_rows, stats_prev_ptr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, HAS_CONTROL: tl.constexpr,
-    PARTS_BLOCK: tl.constexpr, SHIFT_TOP: tl.constexpr, TALLIES: tl.constexpr,
+    PARTS_BLOCK: tl.constexpr, SHIFT_TOP: tl.constexpr, TALLIES: tl.constexpr, LOG_WIDTH: tl.constexpr,
 ):
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
         go = tl.load(control_ptr) == 0
+    if LOG_WIDTH > 0:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        # A frozen iteration changes nothing: its record is the stopped one's (as a copy made after
+        # it would be), so later rows of the block repeat the row where the host stops.
+        if (tl.load(control_ptr) != 0) & (tl.program_id(0) == 0):
+            _record_stats(stats_ptr, log_ptr, log_rows, stats_prev_ptr, control_ptr, False, LOG_WIDTH)
     if go:
         if TALLIES:  # noqa: SIM102 (a compile-time branch around a run-time one)
             if tl.program_id(0) == 0:
@@ -516,6 +521,39 @@ def _finish_kernel(
         else:
             _partials_body(part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr,
                            tl.program_id(0) - tl.cdiv(k, BLOCK_K), PARTS_BLOCK)
+        if LOG_WIDTH > 0:
+            # The last program to finish records the statistics: every other program's atomics
+            # (and program 0's tallies) precede its ticket, which releases them (the barrier first
+            # orders the program's own threads' writes before the one that takes the ticket).
+            tl.debug_barrier()
+            ticket = tl.atomic_add(control_ptr + 3, 1, sem="acq_rel")
+            if ticket == tl.num_programs(0) - 1:
+                _record_stats(stats_ptr, log_ptr, log_rows, stats_prev_ptr, control_ptr, True, LOG_WIDTH)
+
+
+@triton.jit
+def _record_stats(stats_ptr, log_ptr, log_rows, stats_prev_ptr, control_ptr, ATOMIC: tl.constexpr,
+                  LOG_WIDTH: tl.constexpr):
+    """``stats`` (``LOG_WIDTH`` float64 words) into row ``control[2]`` of the log (``log_rows`` rows)
+    and its first four into ``stats_prev``; then the next row, and the ticket cleared. As 64-bit
+    words, so that the bits of what the record holds besides float64 statistics (the bounds
+    engine's ``shift_top`` keys) pass unchanged; read with atomics (at L2, where the other
+    programs' atomics landed) after the ticket."""
+    tl.static_assert(LOG_WIDTH <= 8)
+    cols = tl.arange(0, 8)
+    m = cols < LOG_WIDTH
+    words_ptr = stats_ptr.to(tl.pointer_type(tl.int64))
+    if ATOMIC:
+        tl.debug_barrier()
+        words = tl.atomic_or(words_ptr + cols, 0, mask=m, sem="relaxed")
+    else:
+        words = tl.load(words_ptr + cols, mask=m, other=0)
+    row = tl.load(control_ptr + 2)
+    if row < log_rows:
+        tl.store(log_ptr.to(tl.pointer_type(tl.int64)) + row.to(tl.int64) * LOG_WIDTH + cols, words, mask=m)
+    tl.store(stats_prev_ptr.to(tl.pointer_type(tl.int64)) + cols, words, mask=cols < 4)
+    tl.store(control_ptr + 2, row + 1)
+    tl.store(control_ptr + 3, 0)
 
 
 @triton.jit
@@ -624,6 +662,7 @@ def finish_update(
     shift_top: torch.Tensor | None = None,
     shift_margin: float = 0.0,
     tallies: tuple[torch.Tensor, torch.Tensor] | None = None,
+    record: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """The update step of a Lloyd iteration, in one launch and in place.
 
@@ -641,7 +680,18 @@ def finish_update(
     relative ``shift_margin``. ``tallies``: two int32 counters the earlier launches of the iteration
     wrote (e.g. rows searched, rows deferred), copied as float64 into ``stats[4]`` and ``stats[5]``
     (``stats`` then has at least 6 elements), so that one copy of ``stats`` records the iteration.
+
+    ``record = (log, stats_prev)`` (with ``control``, which then has four int32 elements: frozen
+    flag, iterations allowed, log row, ticket): the launch also copies ``stats`` (``log.shape[1]``
+    float64 words, at most 8) into row ``control[2]`` of ``log`` and its first four into
+    ``stats_prev`` (float64 (4,)), and moves ``control[2]`` to the next row; a frozen iteration
+    copies them too (unchanged). This saves a replayed block two copies an iteration, each a few
+    microseconds of launch gaps. ``control[3]`` must be 0 on entry and is again on exit.
     """
+    if record is not None and (control is None or control.numel() < 4 or record[0].dim() != 2
+                               or not 1 <= record[0].shape[1] <= min(8, stats.numel()) or record[1].numel() != 4):
+        raise ValueError("record needs control of 4 int32 elements, a (rows, <= 8) log no wider than stats, "
+                         "and stats_prev of 4 elements")
     if shift_top is not None and (shift_top.dtype != torch.int64 or shift_top.numel() != 2):
         raise ValueError("shift_top must be an int64 tensor of 2 elements")
     if tallies is not None and stats.numel() < 6:
@@ -659,8 +709,11 @@ def finish_update(
         unused(device, torch.int32) if control is None else control,
         unused(device, torch.int64) if shift_top is None else shift_top, shift_margin,
         *(tallies if tallies is not None else (unused(device, torch.int32), unused(device, torch.int32))), k, d,
+        *(unused(device, torch.float64), 0, unused(device, torch.float64)) if record is None
+        else (record[0], record[0].shape[0], record[1]),
         BLOCK_K=block_k, BLOCK_D=block_d, NORMALIZE=normalize, HAS_CONTROL=control is not None,
         PARTS_BLOCK=parts_block, SHIFT_TOP=shift_top is not None, TALLIES=tallies is not None,
+        LOG_WIDTH=0 if record is None else record[0].shape[1],
     )
 
 

@@ -165,31 +165,39 @@ class ReplayedEngine:
         self._passes.timed = value
 
     def _init_passes(self, run: Callable[[], None], device: torch.device, graphs: bool, timed: bool, block: int,
-                     width: int, warm_key: tuple | None = None) -> None:
+                     width: int, warm_key: tuple | None = None, recorded: bool = True) -> None:
         """The block state: ``run`` as a ``ReplayedPass``, a ``log`` of ``block`` records of ``width``
         values, and the statistics a pass of a block checks: the previous pass's (``stats_prev``)
-        and ``control`` = [frozen, 1] (see ``prepare_centroids``). A block starts unfrozen, after a
-        "previous pass" that stops nothing (``_go``)."""
+        and ``control`` = [frozen, 1, log row, 0] (see ``prepare_centroids``, ``finish_update``). A
+        block starts unfrozen, after a "previous pass" that stops nothing, at log row 0: one copy
+        of ``_go`` into ``_block_state``, of which ``control`` and ``stats_prev`` are views.
+        ``recorded``: each pass's ``finish_update`` writes its record into ``log`` and
+        ``stats_prev`` itself (``record=self.recording``); else ``_run_passes`` copies the record
+        into ``log`` after each pass, and the pass must copy ``stats_prev`` itself."""
         self._passes = ReplayedPass(run, device, graphs, timed, warm_key)
         self.log = torch.zeros(block, width, dtype=torch.float64, device=device)
-        self.stats_prev = torch.zeros(4, dtype=torch.float64, device=device)
-        self.control = torch.zeros(2, dtype=torch.int32, device=device)
-        self._go = torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64, device=device)
-        self._go_control = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        self._block_state = torch.zeros(6, dtype=torch.float64, device=device)
+        self.control = self._block_state[:2].view(torch.int32)
+        self.stats_prev = self._block_state[2:]
+        go_control = torch.tensor([0, 1, 0, 0], dtype=torch.int32).view(torch.float64)
+        self._go = torch.cat([go_control, torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64)]).to(device)
+        self.recorded = recorded
+        self.recording = (self.log, self.stats_prev) if recorded else None
         self._read_passes(0)
 
     def _read_passes(self, rows: int) -> None:
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
 
     def _run_passes(self, passes: int, record: torch.Tensor) -> None:
-        """``passes`` passes with no host sync, ``record`` copied into ``log`` after each; the first
-        one sees a control that is not frozen and a previous pass that stops nothing."""
-        self.control.copy_(self._go_control)
-        self.stats_prev.copy_(self._go)
+        """``passes`` passes with no host sync, each ``record`` in ``log`` (written by the pass, or
+        copied after it); the first one sees a control that is not frozen and a previous pass that
+        stops nothing."""
+        self._block_state.copy_(self._go)
         self._passes.begin()
         for i in range(passes):
             self._passes()
-            self.log[i].copy_(record)
+            if not self.recorded:
+                self.log[i].copy_(record)
 
 
 class LloydEngine(ReplayedEngine):
@@ -225,9 +233,10 @@ class LloydEngine(ReplayedEngine):
         self.all_reduce = all_reduce
         self._summed_stats = torch.tensor([0, 2], device=device)  # inertia and changed add up over shards
         # Collectives stay outside graphs: a replay would also replay the all-reduce of a stale buffer.
+        # (Data-parallel: the statistics are all-reduced after the update, so they are copied after.)
         self._init_passes(self._block_iteration, device, graphs and all_reduce is None, timed, self.block, 4,
                           launch_key("lloyd", k, {"x": x, "labels": labels, **self.inputs}, precision=precision,
-                                     normalize=normalize))
+                                     normalize=normalize), recorded=all_reduce is None)
 
     def _iteration(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None
@@ -243,7 +252,7 @@ class LloydEngine(ReplayedEngine):
             self.all_reduce(p.acc)
         finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats,
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
-                      control=control)
+                      control=control, record=self.recording if in_block else None)
         if self.all_reduce is not None:
             summed = self.stats.index_select(0, self._summed_stats)
             self.all_reduce(summed)
@@ -251,7 +260,8 @@ class LloydEngine(ReplayedEngine):
 
     def _block_iteration(self) -> None:
         self._iteration(True, in_block=True)
-        self.stats_prev.copy_(self.stats)
+        if not self.recorded:
+            self.stats_prev.copy_(self.stats)
 
     def iterate(self, has_prev: bool) -> None:
         """One iteration, its statistics the first row of the next ``read``: with ``has_prev`` a

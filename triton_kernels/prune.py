@@ -502,9 +502,9 @@ class BoundsEngine(ReplayedEngine):
         self.active_count = torch.zeros(1, dtype=torch.int32, device=device)
         # A pass's record: [inertia, shift, changed, empty] (``stats``), rows searched, rows
         # deferred, and the keys of the two largest centroid moves (``shift_top``, int64: see
-        # ``finish_update``), which the next settle pass reads. ``finish_update`` writes all of it;
-        # the pass then copies the statistics into ``stats_prev``, which the next pass of a block
-        # checks, and the host the record into ``log``.
+        # ``finish_update``), which the next settle pass reads. ``finish_update`` writes all of it,
+        # and in a block copies it into ``log`` and the statistics into ``stats_prev``, which the
+        # next pass of the block checks.
         self.record = torch.zeros(8, dtype=torch.float64, device=device)
         self.stats = self.record[:4].view(1, 4)
         self.shift_top = self.record[6:].view(torch.int64)
@@ -571,7 +571,6 @@ class BoundsEngine(ReplayedEngine):
           zero=(self.record,), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
           control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device, moves=True)
         self._finish(self.control, p.move_sums, p.move_counts)
-        self.stats_prev.copy_(self.stats[0])
 
     def _settle_passes_run(self, passes: int) -> None:
         """``passes`` settle passes without a host sync, each record into ``log``."""
@@ -589,7 +588,7 @@ class BoundsEngine(ReplayedEngine):
         finish_update(acc_sums, acc_counts, self.c, p.part_inertia, p.part_changed, self.record,
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
                       control=control, shift_top=self.shift_top, shift_margin=self.shift_margin,
-                      tallies=(self.active_count, p.flag_count))
+                      tallies=(self.active_count, p.flag_count), record=None if control is None else self.recording)
 
     @property
     def sq_distances(self) -> torch.Tensor:

@@ -240,6 +240,63 @@ def test_finish_records_the_two_largest_moves_and_the_tallies(k, d, normalize):
     assert record[4:6].tolist() == [123.0, 45.0]
 
 
+@pytest.mark.parametrize("k,d,width", [(1, 3, 4), (1000, 17, 8), (40, 129, 6)])
+def test_finish_writes_its_record_into_the_log_and_stats_prev(k, d, width):
+    """A replayed block's record (``finish_update(record=...)``): the last of many programs copies
+    the statistics, tallies and keys bit for bit into the next log row and ``stats_prev``; a frozen
+    iteration repeats the row; rows past the log are not written; the ticket ends at 0."""
+    g = torch.Generator().manual_seed(k + d + width)
+    c = torch.randn(k, d, generator=g).to(DEVICE)
+    counts = torch.randint(1, 4, (1, k), generator=g).float().to(DEVICE)
+    acc_sums = (torch.randn(1, k, d, generator=g).to(DEVICE) + c) * counts[..., None]
+    part_inertia = torch.rand(9000, generator=g).to(DEVICE)
+    part_changed = torch.randint(0, 50, (9000,), generator=g).to(DEVICE)
+    record = torch.zeros(8, dtype=torch.float64, device=DEVICE)
+    shift_top = record[6:].view(torch.int64)
+    tallies = (torch.tensor([123], dtype=torch.int32, device=DEVICE), torch.tensor([45], dtype=torch.int32, device=DEVICE))
+    log = torch.full((3, width), float("nan"), dtype=torch.float64, device=DEVICE)
+    stats_prev = torch.full((4,), float("nan"), dtype=torch.float64, device=DEVICE)
+    control = torch.tensor([0, 1, 0, 0], dtype=torch.int32, device=DEVICE)
+    centroids = c.clone()
+    common = {"normalize": False, "old_centroids": torch.empty_like(c), "sums": torch.empty(k, d, device=DEVICE),
+              "counts": torch.empty(k, device=DEVICE), "control": control, "shift_top": shift_top,
+              "shift_margin": 2.0**-20, "tallies": tallies, "record": (log, stats_prev)}
+    rows = []
+    for step in range(2):
+        record.zero_()
+        finish_update(acc_sums, counts, centroids, part_inertia, part_changed, record, **common)
+        rows.append(record.clone())
+        assert torch.equal(log[step].view(torch.int64), record[:width].view(torch.int64))
+        assert torch.equal(stats_prev, record[:4])
+        assert control.tolist() == [0, 1, step + 1, 0]
+    assert rows[0][1] > 0 and rows[1][1] == 0  # the second update found the means in place
+    assert torch.isnan(log[2]).all()
+    control[0] = 1  # frozen: nothing moves, the row repeats the record
+    finish_update(acc_sums, counts, centroids, part_inertia, part_changed, record, **common)
+    assert torch.equal(log[2].view(torch.int64), rows[1][:width].view(torch.int64))
+    assert torch.equal(log[:2].view(torch.int64), torch.stack(rows)[:, :width].view(torch.int64))
+    control[0] = 0
+    before = log.clone()
+    finish_update(acc_sums, counts, centroids, part_inertia, part_changed, record, **common)  # past the log
+    assert torch.equal(log.view(torch.int64), before.view(torch.int64)) and control.tolist() == [0, 1, 4, 0]
+
+
+def test_finish_rejects_a_record_without_its_control():
+    c = torch.randn(4, 3, device=DEVICE)
+    args = (torch.ones(1, 4, 3, device=DEVICE), torch.ones(1, 4, device=DEVICE), c.clone(),
+            torch.ones(2, device=DEVICE), torch.ones(2, dtype=torch.int64, device=DEVICE),
+            torch.zeros(4, dtype=torch.float64, device=DEVICE))
+    common = {"normalize": False, "old_centroids": torch.empty_like(c), "sums": torch.empty(4, 3, device=DEVICE),
+              "counts": torch.empty(4, device=DEVICE)}
+    log, prev = torch.zeros(2, 4, dtype=torch.float64, device=DEVICE), torch.zeros(4, dtype=torch.float64, device=DEVICE)
+    four = torch.zeros(4, dtype=torch.int32, device=DEVICE)
+    for control, record in [(None, (log, prev)), (four[:2], (log, prev)),
+                            (four, (torch.zeros(2, 6, dtype=torch.float64, device=DEVICE), prev)),
+                            (four, (log, prev[:3]))]:
+        with pytest.raises(ValueError, match="record needs"):
+            finish_update(*args, control=control, record=record, **common)
+
+
 def test_finish_rejects_bad_shift_top_and_short_stats():
     c = torch.randn(4, 3, device=DEVICE)
     common = {"normalize": False, "old_centroids": torch.empty_like(c), "sums": torch.empty(4, 3, device=DEVICE),
