@@ -107,6 +107,17 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
         # tiles, 64-centroid tiles, 8 warps or 4 stages: level or slower.
         if k > 64 and not row_list:
             return _config(64 if exact else 128, 32, d_pad, 4, 3, False)
+        if not row_list:
+            # At most 64 centroids, the sums (one-hot, on the tensor cores) take half the pass or
+            # more, and two warps a tile measured faster. H200, 2026-11-29, fused pass replayed at
+            # 245,760 / 3,932,160 x 32, k = 32, ms, before -> after (all tried: 32-256 rows, 1, 2
+            # and 4 warps, 2 and 3 stages): exact fp32 (3xTF32, ``exact_as_tf32x3``) 0.062 ->
+            # 0.050 and 0.837 -> 0.742; exact bf16 0.056 -> 0.051 and 0.733 -> 0.688; fast fp32
+            # 0.050 -> 0.045 and 0.641 -> 0.592; fast bf16 0.056 -> 0.039 and 0.776 -> 0.487.
+            if exact:
+                return _config(32 if operand_bytes == 4 else 64, min(32, k_tile), d_pad, 2, 2, False)
+            return _config(64, min(32, k_tile), d_pad, 2, 3, False) if operand_bytes == 4 else \
+                _config(128, min(32, k_tile), d_pad, 2, 2, False)
         if exact:
             return _config(128, min(32, k_tile), d_pad, 4, 2, False)
         if operand_bytes == 4:
