@@ -37,3 +37,27 @@ def test_candidate_exact_tiles_hold_sixteen_candidates_a_row(d):
 def test_candidate_exact_tiles_follow_the_switch(monkeypatch):
     monkeypatch.setenv("TORCHKM_CANDIDATE_EXACT_CONFIG", "2,256,8")
     assert candidate_exact_config(300, few_rows=True) == {"BLOCK_R": 2, "EPI_D": 256, "num_warps": 8}
+
+
+@pytest.mark.parametrize("k", [1, 7, 32, 64, 65, 1024])
+@pytest.mark.parametrize("d", [9, 17, 32])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_short_rows_take_lazy_narrow_tiles_and_two_warps_over_few_centroids(k, d, dtype, precision):
+    """Rows of at most 32 features: the whole row in one chunk, lazy minimum, at most 32 centroids a
+    tile; over at most 64 centroids two warps (the one-hot sums weigh most there), over row lists
+    (the bounds engine) the four-warp tiles, so that whole tiles of whole rows (``_one_chunk`` 2)
+    come from d = 32 and k a multiple of 32."""
+    import torch
+    from torchkm._kernels.assign import _one_chunk
+    from torchkm._kernels.configs import assign_config
+
+    dt = getattr(torch, dtype)
+    cfg = assign_config(245_760, k, d, dt, precision)
+    listed = assign_config(245_760, k, d, dt, precision, row_list=True)
+    assert cfg["BLOCK_D"] == max(16, 1 << (d - 1).bit_length()) and not cfg["EAGER"] and not cfg["SWAP"]
+    assert cfg["BLOCK_K"] <= 32 and listed["BLOCK_K"] <= 64
+    assert cfg["num_warps"] == (2 if k <= 64 else 4) and listed["num_warps"] == 4
+    assert (_one_chunk(cfg, k, d) == 2) == (d == cfg["BLOCK_D"] and k % cfg["BLOCK_K"] == 0)
+    if d == 32 and k in (32, 64, 1024):
+        assert _one_chunk(cfg, k, d) == 2
