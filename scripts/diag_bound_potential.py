@@ -45,7 +45,7 @@ def group_centroids(c: torch.Tensor, groups: int, iters: int = 5, seed: int = 0)
     return torch.cdist(c, centres).argmin(1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=245_760)
     parser.add_argument("--d", type=int, default=32)
@@ -56,8 +56,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-iter", type=int, default=300)
     parser.add_argument("--chunk", type=int, default=8192)
-    args = parser.parse_args()
-    torch.set_default_dtype(torch.float64)
+    args = parser.parse_args(argv)
     n, k = args.n, args.k
     groups = args.groups or max(1, k // 10)
     for sigma2 in args.sigma2:
@@ -72,10 +71,11 @@ def main() -> None:
         member = member[order]
         sizes = torch.bincount(member, minlength=groups).double()
         labels = torch.empty(n, dtype=torch.long, device=args.device)
-        upper_r = torch.empty(n, device=args.device)  # row bounds: upper, lower
-        lower_r = torch.empty(n, device=args.device)
-        upper_y = torch.empty(n, device=args.device)  # Yinyang: upper, one lower bound per group
-        lower_y = torch.empty(n, groups, device=args.device)
+        f64 = {"dtype": torch.float64, "device": args.device}
+        upper_r = torch.empty(n, **f64)  # row bounds: upper, lower
+        lower_r = torch.empty(n, **f64)
+        upper_y = torch.empty(n, **f64)  # Yinyang: upper, one lower bound per group
+        lower_y = torch.empty(n, groups, **f64)
         print(f"sigma2 {sigma2}: n {n} d {args.d} k {k}, {groups} groups of {int(sizes.min())}-{int(sizes.max())} "
               f"centroids, tol {tol:.3e}", flush=True)
         print(f"{'iter':>4} {'changed':>8} {'rows: searched %':>17} {'yinyang: searched %':>20} {'+ tightened rows %':>19}")
@@ -90,7 +90,7 @@ def main() -> None:
                 new = idx[:, 0]
                 masked = dist.clone()
                 masked.scatter_(1, new[:, None], float("inf"))
-                group_min = torch.full((xs.shape[0], groups), float("inf"), device=x.device)
+                group_min = torch.full((xs.shape[0], groups), float("inf"), **f64)
                 group_min.scatter_reduce_(1, member.expand(xs.shape[0], -1), masked, "amin")
                 sl = slice(s, s + xs.shape[0])
                 if it == 0:
@@ -146,7 +146,7 @@ def main() -> None:
             other = torch.where(labels == top2.indices[0], top2.values[1], top2.values[0])
             upper_r += moves[labels]
             lower_r -= other
-            group_move = torch.full((groups,), 0.0, device=x.device).scatter_reduce_(0, member, moves, "amax")
+            group_move = torch.zeros(groups, **f64).scatter_reduce_(0, member, moves, "amax")
             upper_y += moves[labels]
             lower_y -= group_move[None, :]
             if it > 0:

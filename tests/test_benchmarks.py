@@ -147,3 +147,16 @@ def test_bench_lloyd_profile_runs(monkeypatch) -> None:
     out = bench_lloyd.profile(x, x[:4].clone(), "exact", 2)
     assert isinstance(out, dict) and all(isinstance(v, float) for v in out.values())
     assert _loop._GRAPH_BLOCK == 8
+
+
+def test_diag_bound_potential_counts_both_rules_exactly(capsys) -> None:
+    """scripts/diag_bound_potential.py (whose counts BENCHMARKS.md quotes) runs a small fit to the
+    end; its assertions hold both rules' labels to the true argmin at every iteration."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import diag_bound_potential
+
+    dtype = torch.get_default_dtype()
+    diag_bound_potential.main(["--n", "3000", "--d", "5", "--k", "40", "--sigma2", "0.01", "--chunk", "700"])
+    assert torch.get_default_dtype() == dtype
+    out = capsys.readouterr().out
+    assert "4 groups" in out and "Yinyang groups searched" in out and "rows searched" in out
