@@ -14,7 +14,8 @@ Each iteration computes every distance (float64), takes the true labels from the
 rules exactly (without Yinyang's local filter inside a group), so both rules' labels are checked
 against the true ones. Printed per iteration and in total: the fraction of the n k distances each
 rule computes (searched rows or groups; the one distance a row's settle check or tightening takes
-counted apart). The fit stops as ``fit`` does by default (shift at most 1e-4 of the mean feature
+counted apart), and for Yinyang also at tensor-core granularity: the searching rows in order of
+their label, in tiles of ``--tile`` rows that each search the union of their rows' groups. The fit stops as ``fit`` does by default (shift at most 1e-4 of the mean feature
 variance, or no label changed).
 
     python scripts/diag_bound_potential.py [--n 245760] [--k 1024] [--sigma2 0.05 0.0125] [--device cpu]
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-iter", type=int, default=300)
     parser.add_argument("--chunk", type=int, default=8192)
+    parser.add_argument("--tile", type=int, default=64, help="rows a tile for the tile-level Yinyang count")
     args = parser.parse_args(argv)
     n, k = args.n, args.k
     groups = args.groups or max(1, k // 10)
@@ -78,11 +80,14 @@ def main(argv: list[str] | None = None) -> None:
         lower_y = torch.empty(n, groups, **f64)
         print(f"sigma2 {sigma2}: n {n} d {args.d} k {k}, {groups} groups of {int(sizes.min())}-{int(sizes.max())} "
               f"centroids, tol {tol:.3e}", flush=True)
-        print(f"{'iter':>4} {'changed':>8} {'rows: searched %':>17} {'yinyang: searched %':>20} {'+ tightened rows %':>19}")
-        totals = {"row": 0.0, "yinyang": 0.0, "tightened": 0.0, "passes": 0}
+        print(f"{'iter':>4} {'changed':>8} {'rows: searched %':>17} {'yinyang: searched %':>20} "
+              f"{'in tiles %':>11} {'+ tightened rows %':>19}")
+        totals = {"row": 0.0, "yinyang": 0.0, "tiles": 0.0, "tightened": 0.0, "passes": 0}
+        need = torch.zeros(n, groups, dtype=torch.bool, device=args.device)
         for it in range(args.max_iter):
             moved_r = moved_y = tightened = 0.0
             changed = 0
+            before = labels.clone()
             for s in range(0, n, args.chunk):
                 xs = x[s:s + args.chunk]
                 dist = torch.cdist(xs, c)
@@ -114,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                 tight_ok = ~loose_ok & (own <= floor)
                 todo = ~(loose_ok | tight_ok)
                 searched = todo[:, None] & (lower_y[sl] < own[:, None])
+                need[sl] = searched
                 moved_y += float((searched.double() * sizes).sum())
                 tightened += float((~loose_ok).sum())
                 # Labels: the best of the searched groups and the old centroid; unsearched groups'
@@ -135,6 +141,16 @@ def main(argv: list[str] | None = None) -> None:
                 upper_y[sl] = torch.where(loose_ok, upper_y[sl], got_d)
                 changed += int((new != old).sum())
                 labels[sl] = new
+            # At tensor-core granularity: the rows that search, in order of their label before the
+            # search (rows of a cluster side by side), in tiles of ``--tile`` rows, each tile
+            # searching the union of its rows' groups for all its rows.
+            in_tiles = 0.0
+            if it > 0:
+                active = torch.nonzero(need.any(1)).squeeze(1)
+                active = active[torch.argsort(before[active], stable=True)]
+                pad = -active.numel() % args.tile
+                tiles = torch.cat([need[active], need.new_zeros(pad, groups)]).view(-1, args.tile, groups).any(1)
+                in_tiles = float(args.tile * (tiles.double() * sizes).sum())
             # The update, and the bounds moved by it.
             sums = torch.zeros_like(c).index_add_(0, labels, x)
             counts = torch.bincount(labels, minlength=k).double()
@@ -152,16 +168,18 @@ def main(argv: list[str] | None = None) -> None:
             if it > 0:
                 totals["row"] += moved_r
                 totals["yinyang"] += moved_y
+                totals["tiles"] += in_tiles
                 totals["tightened"] += tightened
                 totals["passes"] += 1
                 print(f"{it + 1:>4} {changed:>8} {100 * moved_r / (n * k):>17.2f} {100 * moved_y / (n * k):>20.2f} "
-                      f"{100 * tightened / n:>19.2f}", flush=True)
+                      f"{100 * in_tiles / (n * k):>11.2f} {100 * tightened / n:>19.2f}", flush=True)
             if (it > 0 and changed == 0) or shift <= tol:
                 break
         passes = max(1, totals["passes"])
         print(f"sigma2 {sigma2}: {it + 1} iterations; over iterations 2 on, of n k distances: rows searched "
               f"{100 * totals['row'] / (n * k * passes):.1f} %, Yinyang groups searched "
-              f"{100 * totals['yinyang'] / (n * k * passes):.1f} %, rows tightened "
+              f"{100 * totals['yinyang'] / (n * k * passes):.1f} % ({100 * totals['tiles'] / (n * k * passes):.1f} % "
+              f"in tiles of {args.tile} rows), rows tightened "
               f"{100 * totals['tightened'] / (n * passes):.1f} % (one distance each)\n", flush=True)
 
 
