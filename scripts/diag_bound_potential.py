@@ -15,8 +15,9 @@ rules exactly (without Yinyang's local filter inside a group), so both rules' la
 against the true ones. Printed per iteration and in total: the fraction of the n k distances each
 rule computes (searched rows or groups; the one distance a row's settle check or tightening takes
 counted apart), and for Yinyang also at tensor-core granularity: the searching rows in order of
-their label, in tiles of ``--tile`` rows that each search the union of their rows' groups. The fit stops as ``fit`` does by default (shift at most 1e-4 of the mean feature
-variance, or no label changed).
+their label, in tiles of ``--tile`` rows that each search the union of their rows' groups. The fit
+stops as ``fit`` does by default (shift at most 1e-4 of the mean feature variance, or no label
+changed).
 
     python scripts/diag_bound_potential.py [--n 245760] [--k 1024] [--sigma2 0.05 0.0125] [--device cpu]
 """
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         totals = {"row": 0.0, "yinyang": 0.0, "tiles": 0.0, "tightened": 0.0, "passes": 0}
         need = torch.zeros(n, groups, dtype=torch.bool, device=args.device)
         for it in range(args.max_iter):
-            moved_r = moved_y = tightened = 0.0
+            searched_r = searched_y = tightened = 0.0
             changed = 0
             before = labels.clone()
             for s in range(0, n, args.chunk):
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                 settled = own <= lower_r[sl]
                 search = ~settled
                 assert bool((own[settled] <= vals[settled, 0]).all()), "row rule settled a row with a closer centroid"
-                moved_r += float(search.sum()) * k
+                searched_r += float(search.sum()) * k
                 upper_r[sl] = torch.where(search, vals[:, 0], own)
                 lower_r[sl] = torch.where(search, vals[:, 1], lower_r[sl])
                 # Yinyang: global test on the loose upper bound, then on the tightened one, then
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                 todo = ~(loose_ok | tight_ok)
                 searched = todo[:, None] & (lower_y[sl] < own[:, None])
                 need[sl] = searched
-                moved_y += float((searched.double() * sizes).sum())
+                searched_y += float((searched.double() * sizes).sum())
                 tightened += float((~loose_ok).sum())
                 # Labels: the best of the searched groups and the old centroid; unsearched groups'
                 # bounds prove none of theirs is closer.
@@ -166,12 +167,12 @@ def main(argv: list[str] | None = None) -> None:
             upper_y += moves[labels]
             lower_y -= group_move[None, :]
             if it > 0:
-                totals["row"] += moved_r
-                totals["yinyang"] += moved_y
+                totals["row"] += searched_r
+                totals["yinyang"] += searched_y
                 totals["tiles"] += in_tiles
                 totals["tightened"] += tightened
                 totals["passes"] += 1
-                print(f"{it + 1:>4} {changed:>8} {100 * moved_r / (n * k):>17.2f} {100 * moved_y / (n * k):>20.2f} "
+                print(f"{it + 1:>4} {changed:>8} {100 * searched_r / (n * k):>17.2f} {100 * searched_y / (n * k):>20.2f} "
                       f"{100 * in_tiles / (n * k):>11.2f} {100 * tightened / n:>19.2f}", flush=True)
             if (it > 0 and changed == 0) or shift <= tol:
                 break

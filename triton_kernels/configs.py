@@ -93,7 +93,7 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
         # timed fused pass, 245,760 x 32): k = 1024 exact fp32 0.403 -> 0.236 ms, bf16 0.345 ->
         # 0.206, fast fp32 0.161 -> 0.133; k = 32 exact fp32 0.129 -> 0.102, fast fp32 0.077 ->
         # 0.057. bf16's fast pass then measured best with the general config below (64 x 64), which
-        # it keeps over at most 64 centroids and over row lists (more centroids: below).
+        # it keeps over row lists (without a list: below).
         # Over a row list, 64-row tiles lose a third: H200, 3.9M x 32, k = 1024, the exact pass took
         # 1.58 ns per row over a list of all rows against 1.18 without a list; 128-row tiles 1.09
         # and 1.07, and 1.24 against 1.77 over a shuffled list of 12 % of the rows

@@ -172,8 +172,9 @@ class ReplayedEngine:
         block starts unfrozen, after a "previous pass" that stops nothing, at log row 0: one copy
         of ``_go`` into ``_block_state``, of which ``control`` and ``stats_prev`` are views.
         ``recorded``: each pass's ``finish_update`` writes its record into ``log`` and
-        ``stats_prev`` itself (``record=self.recording``); else ``_run_passes`` copies the record
-        into ``log`` after each pass, and the pass must copy ``stats_prev`` itself."""
+        ``stats_prev`` itself (``record=self.recording``); else (``recording`` None)
+        ``_run_passes`` copies the record into ``log`` after each pass, and the pass must copy
+        ``stats_prev`` itself."""
         self._passes = ReplayedPass(run, device, graphs, timed, warm_key)
         self.log = torch.zeros(block, width, dtype=torch.float64, device=device)
         self._block_state = torch.zeros(6, dtype=torch.float64, device=device)
@@ -181,7 +182,6 @@ class ReplayedEngine:
         self.stats_prev = self._block_state[2:]
         go_control = torch.tensor([0, 1, 0, 0], dtype=torch.int32).view(torch.float64)
         self._go = torch.cat([go_control, torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64)]).to(device)
-        self.recorded = recorded
         self.recording = (self.log, self.stats_prev) if recorded else None
         self._read_passes(0)
 
@@ -196,7 +196,7 @@ class ReplayedEngine:
         self._passes.begin()
         for i in range(passes):
             self._passes()
-            if not self.recorded:
+            if self.recording is None:
                 self.log[i].copy_(record)
 
 
@@ -260,7 +260,7 @@ class LloydEngine(ReplayedEngine):
 
     def _block_iteration(self) -> None:
         self._iteration(True, in_block=True)
-        if not self.recorded:
+        if self.recording is None:
             self.stats_prev.copy_(self.stats)
 
     def iterate(self, has_prev: bool) -> None:
