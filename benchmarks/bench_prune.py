@@ -20,6 +20,8 @@ Plus real 128-d SIFT descriptors (``--sift``: the file ``benchmarks/sift_data.py
 2 s); the algorithms take turns, repeat by repeat, in a rotating order. Each algorithm's time against
 dense Lloyd's is also given paired: the median of the ratios within a round, which cancels drift of
 the GPU's clocks between rounds (H200: 9-11 ms fits drifted by 17 % over 15 rounds).
+Fits of the same rows restart the engines an earlier fit kept (``torchkm._workspace``): the timed
+fits skip the set-up the untimed first one paid; ``--cold`` times fits that set up afresh.
 ``--decompose`` adds seed 000's Table I: where a fit's GPU time goes, kernel by kernel
 (torch.profiler), grouped into labeling, inter-centroid distances (ICD), their ranking (RID), the
 bounds' settle pass, the update, reordering and the rest.
@@ -140,12 +142,17 @@ def main() -> None:
     parser.add_argument("--decompose", action="store_true", help="seed 000 Table I: GPU time by component")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-flash", action="store_true")
+    parser.add_argument("--cold", action="store_true",
+                        help="every fit sets its engines up afresh (TORCHKM_REUSE_ENGINES=0), as a first fit of its rows "
+                             "does; by default the timed fits restart the engines the untimed first fit kept")
     args = parser.parse_args()
+    if args.cold:
+        os.environ["TORCHKM_REUSE_ENGINES"] = "0"
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     info = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "seed": seed,
-        "repeats": args.repeats,
+        "repeats": args.repeats, "engines_reused": not args.cold,
     }
     try:
         import flash_kmeans

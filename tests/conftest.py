@@ -44,12 +44,16 @@ _position_independent_interpreter_dot()
 
 @pytest.fixture(autouse=True)
 def _fresh_assign_passes():
-    """``assign`` keeps a pass per shape between calls: a test that patches the kernel modules must
-    not be served one built before its patch."""
+    """``assign`` keeps a pass per shape between calls, and fits keep their engines for the next fit
+    of the same rows: a test that patches the kernel modules must not be served one built before
+    its patch."""
     yield
     assign_module = sys.modules.get("torchkm._kernels.assign")
     if assign_module is not None:
         assign_module.clear_reused_passes(all_threads=True)
+    workspace_module = sys.modules.get("torchkm._workspace")
+    if workspace_module is not None:
+        workspace_module.clear()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from . import _ops
+from . import _ops, _workspace
 from ._distributed import Comm, resolve_group
 from ._reference import DataView, accumulator_dtype, weighted_sum
 from ._streaming import StreamedView, default_chunk_rows, fits_on_device
@@ -311,14 +311,16 @@ class _Hybrid:
         self.excess = 0.0  # the judged pruned passes' time less the dense reference's, summed
         self.trial_seen = 0  # pruned passes since the trial started
         self.budget = 0.0  # the excess at which the trial ends: trial_share of the time spent (and projected)
-        self._host_costs: list[float] = []
+        # Host seconds of the dense engine's eager and captured passes (a kept engine's: from the
+        # fit that made it; see ``lloyd``).
+        self.host_costs: list[float] = []
 
     @property
     def trial_cost(self) -> float | None:
         """Estimated host seconds of a trial of the bounds engine (class docstring)."""
-        if not self._host_costs:
+        if not self.host_costs:
             return None
-        return self.trial_passes * sum(self._host_costs) / len(self._host_costs)
+        return self.trial_passes * sum(self.host_costs) / len(self.host_costs)
 
     def max_block(self, block: int) -> int:
         """The dense engine's next block: at most ``trial_block`` passes while an early trial is near."""
@@ -327,8 +329,8 @@ class _Hybrid:
 
     def _device_bound(self) -> bool:
         """Whether a dense pass outlasts the host's work per iteration (there extra syncs are free)."""
-        return self.dense_seconds is not None and bool(self._host_costs) and \
-            self.dense_seconds >= sum(self._host_costs) / len(self._host_costs)
+        return self.dense_seconds is not None and bool(self.host_costs) and \
+            self.dense_seconds >= sum(self.host_costs) / len(self.host_costs)
 
     def setup_seconds(self) -> float:
         """Estimated seconds of the pruned engine's set-up: the box engine's sort of the rows
@@ -368,7 +370,7 @@ class _Hybrid:
             if timed:
                 self.dense_seconds = seconds if self.dense_seconds is None else min(self.dense_seconds, seconds)
             if how in ("eager", "capture") and host_seconds is not None:
-                self._host_costs.append(host_seconds)
+                self.host_costs.append(host_seconds)
             cost = self.trial_cost
             if self.dense_seconds is None or cost is None:
                 return None
@@ -491,29 +493,42 @@ def lloyd(
         hybrid = _Hybrid(data, c.shape[0], tol, max_iter)
     else:
         kind = algorithm
+    workspace = None
     if kernels:
         graphs = _use_cuda_graphs(data, c.shape[0], comm)
-        # One int32 label buffer updated in place (the kernels read a row's previous label before
-        # writing it): half the label traffic of int64, which matters when rows are short.
-        label_buffer = torch.empty(data.n_samples, dtype=torch.int32, device=data.device)
-
         timed = hybrid is not None and not hybrid.done
-        engines: dict[str, Any] = {}
+        # One int32 label buffer updated in place (the kernels read a row's previous label before
+        # writing it): half the label traffic of int64, which matters when rows are short. It and
+        # the engines that can restart come from the last fit of these rows, where kept.
+        workspace = _workspace.take(data, c.shape[0], sample_weight, tol, graphs) if not comm.active else None
+        label_buffer = workspace.labels if workspace is not None else torch.empty(
+            data.n_samples, dtype=torch.int32, device=data.device)
+        engines: dict[Any, Any] = workspace.engines if workspace is not None else {}
 
         def make_engine(kind: str, start: torch.Tensor):
-            if kind in engines:  # the hybrid's dense engine, taking the run back
-                engines[kind].c.copy_(start)
-                return engines[kind]
-            if kind == "lloyd":
-                engines[kind] = _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol, _GRAPH_BLOCK if graphs else 1,
-                                                  graphs, comm.sum_ if comm.active else None, timed)
-                return engines[kind]
             # The hybrid reads its trial in short blocks: it hands over within a block of the verdict.
-            block = min(_GRAPH_BLOCK, _Hybrid.trial_block) if timed else _GRAPH_BLOCK
-            return _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind, _cuda_graphs_allowed(data),
-                                      block if graphs else 1, timed)
+            block = _GRAPH_BLOCK if kind == "lloyd" or not timed else min(_GRAPH_BLOCK, _Hybrid.trial_block)
+            block = block if graphs else 1
+            engine = engines.get((kind, block))
+            if engine is not None:  # an earlier fit's, or the hybrid's dense engine taking the run back
+                engine.restart(start, data.offset)
+                engine.timed = timed
+                return engine
+            if kind == "lloyd":
+                engine = _ops.lloyd_engine(data, start, label_buffer, sample_weight, tol, block, graphs,
+                                           comm.sum_ if comm.active else None, timed)
+            else:
+                engine = _ops.pruned_engine(data, start, label_buffer, sample_weight, tol, kind,
+                                            _cuda_graphs_allowed(data), block, timed)
+            if hasattr(engine, "restart"):
+                engines[(kind, block)] = engine
+            return engine
 
         engine = make_engine(kind, c)
+        if hybrid is not None:
+            # A kept dense engine only replays: the trial's estimate takes the host costs of the
+            # eager and captured passes it ran before (none for a new engine: measured as it runs).
+            hybrid.host_costs = list(getattr(engine, "setup_host_seconds", []))
         # The dense engine's first iteration is the first of a block (no eager iteration of its own
         # and no host sync after it): previous labels of -1 count every row as changed, as a first
         # iteration does. The hybrid too: that first call compiles and is not timed, as the eager
@@ -612,6 +627,8 @@ def lloyd(
         labels, sq = _ops.assign(data, c)
         inertia = float(comm.sum_(weighted_sum(_metric_distance(sq, data.normalize), sample_weight).double().reshape(1))[0])
     assert labels is not None
+    if workspace is not None:
+        _workspace.give_back(workspace)
     return KMeansResult(c, labels, inertia, len(history), history, converged)
 
 

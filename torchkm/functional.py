@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from . import _ops
+from . import _ops, _workspace
 from ._loop import KMeansResult, fit, new_centroids
 from ._ops import query_view
 from ._reference import DataView
@@ -75,12 +75,16 @@ def empty_cache() -> None:
 
     :func:`assign` (and the layers and ``predict`` built on it) keeps, for each of its last four
     input shapes per thread, the buffers of its pass and, on CUDA, a CUDA graph of the query with
-    copies of its inputs (up to 2^23 elements): repeated calls then skip the set-up. This drops
-    them all, in every thread (a pass another thread is running at that moment is kept). The
-    memory goes back to torch's caching allocator; ``torch.cuda.empty_cache()`` returns it to the
-    device. Fitted models and layers are not affected, and later calls build their passes again.
+    copies of its inputs (up to 2^23 elements): repeated calls then skip the set-up. :func:`fit`
+    keeps the engines of its last two fits on the kernels of at most 2^22 rows (a label per row,
+    the engines' buffers and CUDA graphs), while their rows' tensor lives: a fit of the same tensor
+    restarts them. This drops them all, in every thread (a pass another thread is running at that
+    moment is kept). The memory goes back to torch's caching allocator; ``torch.cuda.empty_cache()``
+    returns it to the device. Fitted models and layers are not affected, and later calls build
+    their passes again.
     """
     _ops.empty_cache()
+    _workspace.clear()
 
 
 @_ops.eager_launches

@@ -62,6 +62,9 @@ class ReplayedPass:
         self.calls = 0
         self._marks: list = []
         self.host_seconds: list[float] = []  # host time of each call since ``begin``
+        # Host time of every eager or capturing call so far (not the first, which compiles): what
+        # a replay saves, which a kept engine's next run (only replays) can no longer measure.
+        self.setup_host_seconds: list[float] = []
         self.kinds: list[str] = []  # how each call since ``begin`` ran
         self._single: str | None = None
         # Timing events, reused block after block (the call at position i of a block records pair
@@ -133,6 +136,8 @@ class ReplayedPass:
         self.kinds.append(how)
         self._marks.append(mark)
         self.host_seconds.append(time.perf_counter() - started)
+        if how in ("eager", "capture"):
+            self.setup_host_seconds.append(self.host_seconds[-1])
         return how
 
     def seconds(self) -> list[float | None]:
@@ -185,6 +190,11 @@ class ReplayedEngine:
         self.recording = (self.log, self.stats_prev) if recorded else None
         self._read_passes(0)
 
+    @property
+    def setup_host_seconds(self) -> list[float]:
+        """Host seconds of each eager or capturing pass the engine ran (``ReplayedPass``)."""
+        return self._passes.setup_host_seconds
+
     def _read_passes(self, rows: int) -> None:
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
 
@@ -222,7 +232,9 @@ class LloydEngine(ReplayedEngine):
         k, d = centroids.shape
         device = x.device
         self.x, self.labels, self.block, self.normalize = x, labels, max(1, block), normalize
-        self.inputs = {"offset": offset, "row_scale": row_scale, "raw_norms": raw_norms, "sample_weight": sample_weight}
+        # The engine's own copy of the offset, which ``restart`` overwrites.
+        self.inputs = {"offset": None if offset is None else offset.clone(), "row_scale": row_scale,
+                       "raw_norms": raw_norms, "sample_weight": sample_weight}
         self.assign_pass = AssignPass(x, k, precision, update=True, scaled=row_scale is not None, fixed_rows=True)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
@@ -237,6 +249,13 @@ class LloydEngine(ReplayedEngine):
         self._init_passes(self._block_iteration, device, graphs and all_reduce is None, timed, self.block, 4,
                           launch_key("lloyd", k, {"x": x, "labels": labels, **self.inputs}, precision=precision,
                                      normalize=normalize), recorded=all_reduce is None)
+
+    def restart(self, centroids: torch.Tensor, offset: torch.Tensor | None = None) -> None:
+        """Start another run on the same rows from ``centroids``: buffers and graph are kept, the
+        centroids (and ``offset``, the new run's mean row, where given) copied in."""
+        self.c.copy_(centroids)
+        if offset is not None:
+            self.inputs["offset"].copy_(offset)
 
     def _iteration(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None
