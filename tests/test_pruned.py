@@ -4,6 +4,7 @@ On a CPU machine the kernels run under the Triton interpreter (``TORCHKM_ENGINE=
 GPU the same tests run compiled kernels on CUDA.
 """
 
+import itertools
 import logging
 import os
 
@@ -137,6 +138,7 @@ def test_auto_starts_dense_tries_pruned_then_falls_back_when_slower(kernels, mon
     # Told that a dense pass costs nothing, the hybrid hands the run back to the dense engine for
     # good (a pass whose skipped fraction still rose by more than the plateau would not count).
     _dense_passes_cost_nothing(monkeypatch, patience=2)
+    monkeypatch.setattr(_loop._Hybrid, "trials", 1)
     x = _seed000(640, 17, 16, 0.3, 1)  # overlapping clusters: a fit long enough to switch twice
     got = torchkm.fit(x, 16, algorithm="auto", **kw)
     _same_fit(got, torchkm.fit(x, 16, **kw))
@@ -145,6 +147,15 @@ def test_auto_starts_dense_tries_pruned_then_falls_back_when_slower(kernels, mon
     # block in which patience runs out finishes first (here it ends there).
     pruned = 2 + 2
     assert kernels_run == ["lloyd"] * dense + ["pruned"] * pruned + ["lloyd"] * (got.n_iter - dense - pruned)
+    # Allowed a second trial at once, the hybrid tries again after one dense block, fails again
+    # (dense passes still cost nothing), and the dense engine finishes the run.
+    monkeypatch.setattr(_loop._Hybrid, "trials", 2)
+    monkeypatch.setattr(_loop._Hybrid, "retry_after", 0.0)
+    got = torchkm.fit(x, 16, algorithm="auto", **kw)
+    _same_fit(got, torchkm.fit(x, 16, **kw))
+    runs = [(kernel, len(list(group))) for kernel, group in itertools.groupby(h.kernel for h in got.history)]
+    assert [kernel for kernel, _ in runs] == ["lloyd", "pruned", "lloyd", "pruned", "lloyd"]
+    assert runs[1][1] == runs[3][1] == pruned
 
 
 def test_pure_torch_engine_runs_dense_and_says_so(monkeypatch, caplog):
@@ -278,15 +289,26 @@ def test_hybrid_decision_rules():
     for skipped in (0.1, 0.3, 0.5, 0.7):
         assert _pass(hybrid, "replay", 1.2, skipped=skipped) is None
     assert hybrid.slow == 0 and hybrid.excess == pytest.approx(0.8)
-    # Faster passes reset the count; patience (6) slower ones on a plateau in a row hand back, for good.
+    # Faster passes reset the count; patience (6) slower ones on a plateau in a row hand back.
     assert _pass(hybrid, "capture", 1.1, skipped=0.7) is None
     assert _pass(hybrid, "replay", 0.5, skipped=0.7) is None and hybrid.slow == 0
     for _ in range(hybrid.patience - 1):
         assert _pass(hybrid, "replay", 1.1, skipped=0.7) is None
     assert hybrid.excess == pytest.approx(0.9) and hybrid.budget == pytest.approx(1.5)
-    assert _pass(hybrid, "replay", 1.1, skipped=0.7) == "lloyd" and hybrid.done
-    assert _pass(hybrid, "replay", 2.0, skipped=0.7) is None
-    assert _pass(hybrid, "replay", 0.1, "lloyd") is None
+    assert _pass(hybrid, "replay", 1.1, skipped=0.7) == "lloyd" and not hybrid.trying and not hybrid.done
+    # One more trial may start once the fit has run retry_after (2) times as long, its budget
+    # what the failed one (1.0 s beyond dense passes) left of trial_share of the time spent.
+    assert hybrid.wasted == pytest.approx(1.0) and hybrid.retry_at == pytest.approx(2 * hybrid.elapsed)
+    assert _pass(hybrid, "replay", 0.2, skipped=0.7) is None and hybrid.dense_seconds == 1.0  # left in the block
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=hybrid.retry_at - hybrid.elapsed - 0.5) is None
+    assert _pass(hybrid, "replay", 1.0, "lloyd") == "pruned" and hybrid.trials_run == 2
+    assert hybrid.budget == pytest.approx(hybrid.spent * hybrid.trial_share - 1.0)
+    for how in ("full", "first"):
+        assert _pass(hybrid, how, None) is None
+    for _ in range(hybrid.patience):  # the first still rises from the new trial's 0
+        assert _pass(hybrid, "replay", 1.1, skipped=0.7) is None
+    assert _pass(hybrid, "replay", 1.1, skipped=0.7) == "lloyd" and hybrid.done  # the last trial: for good
+    assert _pass(hybrid, "replay", 0.1, "lloyd") is None and hybrid.dense_seconds == 1.0
     # A trial whose passes, settling or not, cost more than trial_share of the time spent before it
     # (1.5 s of 30 s here) ends there.
     hybrid = _loop._Hybrid(data, 1024)

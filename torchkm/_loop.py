@@ -254,7 +254,14 @@ class _Hybrid:
     get better quickly). After ``patience`` such passes in a row, or once the judged passes together
     have cost more than the dense reference by ``trial_share`` of the time spent before the trial
     (rising or not: settling in too slowly does not pay either), the dense engine, kept from the
-    start, finishes the run (like seed 000's, the decision is final). ``patience`` is long because
+    start, takes the run back. It may try once more (``trials``), once the fit has run
+    ``retry_after`` times as long as when the failed trial ended: bounds taken later, from centroids
+    that move less, settle more rows, and the time spent then gives the new trial a budget in
+    proportion (H200, 3.9M x 32, k = 1024, sigma^2 = 0.05, 2026-11-29: a trial started after 8
+    dense iterations ended after 6 pruned passes in three runs out of three, and the fits took
+    1.02x dense Lloyd's time where ``"pruned"`` took 0.47x). The trials share one budget: a
+    later trial's is ``trial_share`` of the time spent (and projected) less what the failed ones
+    cost beyond dense passes. After the last trial the decision is final. ``patience`` is long because
     the bounds engine's skipped fraction is noisy from pass to pass while centroids still move (a
     large move loosens many bounds at once): at 3.9M x 32, k = 1024, sigma^2 = 0.05 (H200,
     bench_prune's data seed 85711) the trial's passes 3-7 skipped 0.00, 0.20, 0.21, 0.20 and 0.10
@@ -278,6 +285,8 @@ class _Hybrid:
     """
 
     patience = 6
+    trials = 2  # trials of the pruned engine in one fit, at most
+    retry_after = 2.0  # a failed trial is tried again once the fit has run this many times as long
     trial_block = 4  # a trial's blocks (and the dense blocks while one is near): hand-over within 4 passes
     plateau = 0.02  # a rise of the skipped fraction below this is no longer the bounds settling in
     trial_share = 0.05
@@ -311,6 +320,10 @@ class _Hybrid:
         self.excess = 0.0  # the judged pruned passes' time less the dense reference's, summed
         self.trial_seen = 0  # pruned passes since the trial started
         self.budget = 0.0  # the excess at which the trial ends: trial_share of the time spent (and projected)
+        self.trials_run = 0
+        self.wasted = 0.0  # what failed trials cost beyond dense passes, which later trials' budgets leave out
+        self.elapsed = 0.0  # seconds of every iteration so far, dense or pruned
+        self.retry_at = 0.0  # ``elapsed`` from which a failed trial may be tried again
         # Host seconds of the dense engine's eager and captured passes (a kept engine's: from the
         # fit that made it; see ``lloyd``).
         self.host_costs: list[float] = []
@@ -362,7 +375,10 @@ class _Hybrid:
         ``"pruned"`` to try the bounds engine, ``"lloyd"`` to go back to the dense one."""
         if self.done:
             return None
+        self.elapsed += stats.seconds
         timed = seconds is not None and how in ("replay", "capture", "eager")
+        if not self.trying and stats.kernel != "lloyd":
+            return None  # a failed trial's passes left in its last block: no dense reference
         if not self.trying:
             self.spent += stats.seconds
             self._shifts.append(stats.center_shift)
@@ -372,7 +388,7 @@ class _Hybrid:
             if how in ("eager", "capture") and host_seconds is not None:
                 self.host_costs.append(host_seconds)
             cost = self.trial_cost
-            if self.dense_seconds is None or cost is None:
+            if self.dense_seconds is None or cost is None or self.elapsed < self.retry_at:
                 return None
             # The early start is for device-bound passes: where a pass is shorter than an
             # iteration's launches (10M x 2, k = 32 on an H200: 0.2 against about 1 ms), the trial's
@@ -403,11 +419,17 @@ class _Hybrid:
             cost += self.setup_seconds()
             if self.spent * self.trial_share < cost and remaining < self.payback * cost:
                 return None
-            self.trying = True
             # A failed trial may cost trial_share of the fit: of the time spent so far and, where
             # projected, of the dense passes still to come (an early trial, whose own first passes
             # still search many rows, is not cut off by the little spent before it).
-            self.budget = (self.spent + remaining) * self.trial_share
+            budget = (self.spent + remaining) * self.trial_share - self.wasted
+            if budget <= 0.0:
+                return None
+            self.budget = budget
+            self.trying = True
+            self.trials_run += 1
+            self.slow = self.judged = self.trial_seen = 0
+            self.skipped = self.excess = 0.0
             logger.info("auto: trying %s passes after %d dense iterations (%.3g ms each, %.3g ms more projected; trial "
                         "cost about %.3g ms)", "box engine" if self.box else "pruned", stats.iteration,
                         self.dense_seconds * 1e3, remaining * 1e3, cost * 1e3)
@@ -426,10 +448,13 @@ class _Hybrid:
         self.slow = self.slow + 1 if seconds > self.dense_seconds and not settling else 0
         self.excess += seconds - self.dense_seconds
         if self.slow >= self.patience or self.excess > self.budget:
-            self.done = True
+            self.trying = False
+            self.wasted += max(0.0, self.excess)
+            self.done = self.trials_run >= self.trials
+            self.retry_at = self.elapsed * self.retry_after
             logger.info("auto: pruned passes (%.3g ms) cost more than a dense one (%.3g ms; %.3g ms more over %d "
-                        "passes); finishing dense", seconds * 1e3, self.dense_seconds * 1e3, self.excess * 1e3,
-                        self.judged)
+                        "passes); %s", seconds * 1e3, self.dense_seconds * 1e3, self.excess * 1e3, self.judged,
+                        "finishing dense" if self.done else f"back to dense, trying again after {self.retry_at:.3g} s")
             return "lloyd"
         return None
 
