@@ -293,8 +293,11 @@ class _Hybrid:
     trial_passes = 3  # the trial's host-bound passes: the full pass, the first settle pass, the capture
     # n * k * d below which the hybrid does not run: there a fit is a few milliseconds, no trial
     # pays, and timing the dense engine costs the fit about 0.35 ms (1M x 2, k = 32, 6.3e7: 4-9 %
-    # of 4-7 ms fits on an H200, 2026-11-27; 2^24 before).
-    min_work = 1 << 27
+    # of 4-7 ms fits on an H200, 2026-11-27; 2^24 before). 2^27 before 2026-11-29: at 245,760 x
+    # 32, k = 32 (2.5e8) the hybrid never tried (its passes host-bound, its fits too short) and
+    # its timing cost 2-5 % of 5-6 ms fits (engines kept between fits), where "pruned" took
+    # 1.07-1.32x the time of dense Lloyd.
+    min_work = 1 << 28
     payback = 2.0  # an early trial starts once the dense passes projected to remain cost this many trials
     window = 8  # the recent dense iterations whose shifts project the fit's length
 
