@@ -11,6 +11,7 @@ A data-parallel fit all-reduces the pass's accumulators between the pass and ``f
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -62,9 +63,9 @@ class ReplayedPass:
         self.calls = 0
         self._marks: list = []
         self.host_seconds: list[float] = []  # host time of each call since ``begin``
-        # Host time of every eager or capturing call so far (not the first, which compiles): what
-        # a replay saves, which a kept engine's next run (only replays) can no longer measure.
-        self.setup_host_seconds: list[float] = []
+        # Host time of the last eager or capturing calls (not the first, which compiles): what a
+        # replay saves, which a kept engine's next run (only replays) can no longer measure.
+        self.setup_host_seconds: collections.deque[float] = collections.deque(maxlen=16)
         self.kinds: list[str] = []  # how each call since ``begin`` ran
         self._single: str | None = None
         # Timing events, reused block after block (the call at position i of a block records pair
@@ -192,8 +193,8 @@ class ReplayedEngine:
 
     @property
     def setup_host_seconds(self) -> list[float]:
-        """Host seconds of each eager or capturing pass the engine ran (``ReplayedPass``)."""
-        return self._passes.setup_host_seconds
+        """Host seconds of the last (up to 16) eager or capturing passes the engine ran (``ReplayedPass``)."""
+        return list(self._passes.setup_host_seconds)
 
     def _read_passes(self, rows: int) -> None:
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
