@@ -109,3 +109,13 @@ def test_the_hybrid_still_tries_pruned_passes_from_a_kept_dense_engine(kernels, 
     got = torchkm.fit(x, 16, algorithm="auto", **kw)
     assert "pruned" in [h.kernel for h in got.history]
     _alike(got, torchkm.fit(x, 16, algorithm="lloyd", **kw))
+
+
+def test_engines_that_cannot_restart_are_not_kept(kernels):
+    # The box engine (d <= 3) sorts the rows and takes the caller's labels when it is built: a fit
+    # builds its own, and only the label buffer is kept.
+    x = _blobs(d=2)
+    first = torchkm.fit(x, 7, init=x[:7].clone(), algorithm="pruned")
+    assert {h.kernel for h in first.history} == {"pruned"}
+    assert len(_workspace._kept) == 1 and not _engines()
+    _alike(torchkm.fit(x, 7, init=x[:7].clone(), algorithm="pruned"), first)

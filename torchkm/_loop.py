@@ -556,7 +556,7 @@ def lloyd(
         if hybrid is not None:
             # A kept dense engine only replays: the trial's estimate takes the host costs of the
             # eager and captured passes it ran before (none for a new engine: measured as it runs).
-            hybrid.host_costs = list(getattr(engine, "setup_host_seconds", []))
+            hybrid.host_costs = engine.setup_host_seconds
         # The dense engine's first iteration is the first of a block (no eager iteration of its own
         # and no host sync after it): previous labels of -1 count every row as changed, as a first
         # iteration does. The hybrid too: that first call compiles and is not timed, as the eager

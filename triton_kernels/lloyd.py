@@ -152,6 +152,8 @@ class ReplayedEngine:
     (``pass_seconds``, ``pass_host_seconds``: see ``ReplayedPass``), and whether passes are timed."""
 
     _passes: ReplayedPass
+    c: torch.Tensor
+    inputs: dict[str, torch.Tensor | None]
     control: torch.Tensor
     stats_prev: torch.Tensor
     log: torch.Tensor
@@ -190,6 +192,14 @@ class ReplayedEngine:
         self._go = torch.cat([go_control, torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64)]).to(device)
         self.recording = (self.log, self.stats_prev) if recorded else None
         self._read_passes(0)
+
+    def _start_from(self, centroids: torch.Tensor, offset: torch.Tensor | None) -> None:
+        """What a restart on the same rows copies in (the engines that can restart, ``restart``):
+        ``centroids`` and ``offset``, the new run's mean row, where given (the engine holds its own
+        copy); buffers and graphs are kept."""
+        self.c.copy_(centroids)
+        if offset is not None:
+            self.inputs["offset"].copy_(offset)
 
     @property
     def setup_host_seconds(self) -> list[float]:
@@ -252,11 +262,8 @@ class LloydEngine(ReplayedEngine):
                                      normalize=normalize), recorded=all_reduce is None)
 
     def restart(self, centroids: torch.Tensor, offset: torch.Tensor | None = None) -> None:
-        """Start another run on the same rows from ``centroids``: buffers and graph are kept, the
-        centroids (and ``offset``, the new run's mean row, where given) copied in."""
-        self.c.copy_(centroids)
-        if offset is not None:
-            self.inputs["offset"].copy_(offset)
+        """Start another run on the same rows from ``centroids`` (``ReplayedEngine._start_from``)."""
+        self._start_from(centroids, offset)
 
     def _iteration(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None

@@ -528,11 +528,9 @@ class BoundsEngine(ReplayedEngine):
         self.assign_pass.part_changed[self.assign_pass.extra_base:].zero_()  # settled rows never change
 
     def restart(self, centroids: torch.Tensor, offset: torch.Tensor | None = None) -> None:
-        """Start another run on the same rows from ``centroids`` (and ``offset``, its mean row,
-        where given): buffers and graph are kept; the next pass searches every row again."""
-        self.c.copy_(centroids)
-        if offset is not None:
-            self.inputs["offset"].copy_(offset)
+        """Start another run on the same rows from ``centroids`` (``ReplayedEngine._start_from``):
+        the next pass searches every row again."""
+        self._start_from(centroids, offset)
         self._first = True
         self.block = 1
         self.info, self.infos = None, []
