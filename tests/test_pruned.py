@@ -322,6 +322,29 @@ def test_hybrid_decision_rules():
     assert _pass(hybrid, "replay", 1.2, skipped=0.6) == "lloyd" and hybrid.slow == 0
 
 
+def test_hybrid_failed_trial_costs_its_unjudged_passes_too():
+    """What a failed trial takes from the next one's budget is every pass of it beyond a dense
+    pass, in wall time: the full and first settle passes, never judged, count as well."""
+    from torchkm import _loop
+    from torchkm._reference import DataView
+
+    hybrid = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024)
+    hybrid.done = False
+    assert _pass(hybrid, "capture", 1.0, "lloyd", wall=10.0, host=0.2) is None
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=20.0) == "pruned" and hybrid.budget == pytest.approx(1.5)
+    assert _pass(hybrid, "full", None, wall=3.0) is None and _pass(hybrid, "first", None, wall=2.5) is None
+    for _ in range(3):  # judged: 0.5 s over the reference each, wall time as the device's
+        assert _pass(hybrid, "replay", 1.5, skipped=0.2, wall=1.5) is None
+    assert _pass(hybrid, "replay", 1.5, skipped=0.2, wall=1.5) == "lloyd"
+    # Judged excess 2.0 s; the trial as a whole 2.0 + 1.5 + 2.0 = 5.5 s beyond six dense passes.
+    assert hybrid.excess == pytest.approx(2.0) and hybrid.wasted == pytest.approx(5.5)
+    # The second trial's budget is what is left of trial_share of the time spent: none here yet.
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=hybrid.retry_at - hybrid.elapsed) is None
+    assert not hybrid.trying
+    assert _pass(hybrid, "replay", 1.0, "lloyd", wall=100.0) == "pruned"
+    assert hybrid.budget == pytest.approx(hybrid.spent * hybrid.trial_share - 5.5)
+
+
 def test_hybrid_stops_judging_where_no_trial_can_start():
     """With host-bound passes only the trial_share rule starts a trial; after a block of iterations
     the hybrid stops (no more timing or bookkeeping) where the fit is projected to end first."""

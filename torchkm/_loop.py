@@ -261,7 +261,9 @@ class _Hybrid:
     dense iterations ended after 6 pruned passes in three runs out of three, and the fits took
     1.02x dense Lloyd's time where ``"pruned"`` took 0.47x). The trials share one budget: a
     later trial's is ``trial_share`` of the time spent (and projected) less what the failed ones
-    cost beyond dense passes. After the last trial the decision is final. ``patience`` is long because
+    cost beyond dense passes: every pass of theirs in wall time, the unjudged full and first
+    settle passes too (at 3.9M x 32, k = 1024, sigma^2 = 0.2, counting judged passes only let two
+    failed trials cost 5.3-5.7 % of the fit; H200, 2026-11-29). After the last trial the decision is final. ``patience`` is long because
     the bounds engine's skipped fraction is noisy from pass to pass while centroids still move (a
     large move loosens many bounds at once): at 3.9M x 32, k = 1024, sigma^2 = 0.05 (H200,
     bench_prune's data seed 85711) the trial's passes 3-7 skipped 0.00, 0.20, 0.21, 0.20 and 0.10
@@ -321,6 +323,7 @@ class _Hybrid:
         self.dense_seconds: float | None = None
         self.spent = 0.0
         self.excess = 0.0  # the judged pruned passes' time less the dense reference's, summed
+        self.trial_excess = 0.0  # every pass of the trial: its wall time less the dense reference's, summed
         self.trial_seen = 0  # pruned passes since the trial started
         self.budget = 0.0  # the excess at which the trial ends: trial_share of the time spent (and projected)
         self.trials_run = 0
@@ -432,7 +435,7 @@ class _Hybrid:
             self.trying = True
             self.trials_run += 1
             self.slow = self.judged = self.trial_seen = 0
-            self.skipped = self.excess = 0.0
+            self.skipped = self.excess = self.trial_excess = 0.0
             logger.info("auto: trying %s passes after %d dense iterations (%.3g ms each, %.3g ms more projected; trial "
                         "cost about %.3g ms)", "box engine" if self.box else "pruned", stats.iteration,
                         self.dense_seconds * 1e3, remaining * 1e3, cost * 1e3)
@@ -440,6 +443,9 @@ class _Hybrid:
         if stats.kernel != "pruned":
             return None
         self.trial_seen += 1
+        # What the trial costs beyond dense passes, its unjudged passes included (wall time, which
+        # holds their host work): what a failed trial takes from the next one's budget.
+        self.trial_excess += stats.seconds - (self.dense_seconds or 0.0)
         # The full pass and the first settle pass are never judged, however they ran (a process
         # that ran this shape before captures the first settle pass at once): they search every
         # row or most of them, and an early trial's budget is too small for them.
@@ -452,7 +458,7 @@ class _Hybrid:
         self.excess += seconds - self.dense_seconds
         if self.slow >= self.patience or self.excess > self.budget:
             self.trying = False
-            self.wasted += max(0.0, self.excess)
+            self.wasted += max(0.0, self.excess, self.trial_excess)
             self.done = self.trials_run >= self.trials
             self.retry_at = self.elapsed * self.retry_after
             logger.info("auto: pruned passes (%.3g ms) cost more than a dense one (%.3g ms; %.3g ms more over %d "
