@@ -241,6 +241,28 @@ def test_a_pass_of_a_shape_that_already_ran_is_captured_at_its_first_call():
     assert float(x[0, 0]) == 3.0
 
 
+def test_graphs_are_warmed_once_before_a_pass_times_its_capture(monkeypatch):
+    """A process's first capture pays a one-time cost that ``auto`` must not read as a pass's own
+    host time: a ReplayedPass with graphs captures a warm-up graph first, once per device; without
+    graphs (CPU) nothing is captured."""
+    from torchkm._kernels import _common
+    from torchkm._kernels.lloyd import ReplayedPass
+
+    device = torch.device(DEVICE)
+    monkeypatch.setattr(_common, "_graphs_warm", set())
+    captured = []
+    real = _common.capture
+    monkeypatch.setattr(_common, "capture", lambda run, dev: captured.append(dev) or real(run, dev))
+    x = torch.zeros(3, device=device)
+    passes = [ReplayedPass(lambda: x.add_(1), device, graphs=True) for _ in range(2)]
+    assert len(captured) == (1 if ON_GPU else 0)  # one warm-up, for both passes
+    assert len(_common._graphs_warm) == (1 if ON_GPU else 0)
+    for p in passes:
+        p()
+        p()
+    assert float(x[0]) == 4.0
+
+
 @pytest.mark.parametrize("metric", ["euclidean", "cosine"])
 @pytest.mark.parametrize("stop", ["max_iter", "tol"])
 def test_a_fit_stopped_before_labels_settle_labels_its_returned_centroids(monkeypatch, metric, stop):
