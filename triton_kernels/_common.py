@@ -42,18 +42,22 @@ def warm_graphs(device: torch.device) -> None:
     """Capture and drop a graph of one small kernel (a 1-element add), once per process and device.
 
     A process's first capture of a pass pays a one-time cost: H200, a dense pass at 3.9M x 32,
-    k = 1024 took the host 3.9-6.4 ms to capture in a fresh process, 1.6-1.7 ms after a 1-element
+    k = 1024 took the host 3.9-6.4 ms to capture in a fresh process, 1.3-1.7 ms after a 1-element
     add had been captured (or another fit had run) in it (2026-11-29). ``ReplayedPass`` calls this
     before it times anything: ``auto`` estimates its trial from an engine's measured capture
     (``ReplayedPass.setup_host_seconds``), and a kept engine holds that one sample, so the one-time
-    cost had kept later fits of the same rows dense (293 ms against 115)."""
+    cost had kept later fits of the same rows dense (293 ms against 112). Where capturing fails,
+    nothing is warmed (the passes then run eagerly, see ``ReplayedPass``)."""
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
     if index in _graphs_warm:
         return
     _graphs_warm.add(index)
     value = torch.zeros(1, device=device)
-    capture(lambda: value.add_(1.0), device)
+    try:
+        capture(lambda: value.add_(1.0), device)
+    except RuntimeError as err:
+        logging.getLogger("torchkm").debug("warm-up graph capture failed (%s)", err)
 
 
 def capture(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
