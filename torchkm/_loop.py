@@ -265,14 +265,15 @@ class _Hybrid:
     settle passes too (at 3.9M x 32, k = 1024, sigma^2 = 0.2, counting judged passes only let two
     failed trials cost 5.3-5.7 % of the fit; H200, 2026-11-29). After the last trial the
     decision is final. ``patience`` is long because the bounds engine's skipped fraction is noisy
-    from pass to pass while centroids still move (a large move loosens many bounds at once): at
-    3.9M x 32, k = 1024, sigma^2 = 0.05 (H200, bench_prune's data seed 85711) the trial's passes
-    3-7 skipped 0.00, 0.20, 0.21, 0.20 and 0.10 of the rows, each slower than a dense pass, and
-    the next two 0.75 and 0.79 in 0.34-0.38x its time; with a patience of 3 that trial ended there and the fit took 1.00x dense Lloyd's time
-    where ``"pruned"`` took 0.47x. A failing trial still ends on its budget. Problems too small
-    for the choice to matter (``min_work``) and data no pruned engine serves (4 to 8 features) stay dense;
-    so do fits whose passes are host-bound once, after ``window`` iterations, the fit is projected
-    to end before the ``trial_share`` rule could start a trial (judging then only costs time).
+    from pass to pass while centroids still move (a large move loosens many bounds at once): at 3.9M
+    x 32, k = 1024, sigma^2 = 0.05 (H200, bench_prune's data seed 85711) the trial's passes 3-7
+    skipped 0.00, 0.20, 0.21, 0.20 and 0.10 of the rows, each slower than a dense pass, and the next
+    two 0.75 and 0.79 in 0.34-0.38x its time; with a patience of 3 that trial ended there and the
+    fit took 1.00x dense Lloyd's time where ``"pruned"`` took 0.47x. A failing trial still ends on
+    its budget. Problems too small for the choice to matter (``min_work``) and data no pruned engine
+    serves (4 to 8 features) stay dense; so do fits whose passes are host-bound once, after
+    ``window`` iterations, the fit is projected to end before the ``trial_share`` rule could start a
+    trial (judging then only costs time).
 
     At d <= 3 the trial runs the box engine (``torchkm._kernels.boxes``), judged the same way. Its
     cost is mostly a once-per-fit set-up (a sort of the rows: about 7 dense passes at 100M x 2,
