@@ -454,3 +454,30 @@ def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_
     assert _dense(bounds, bounds.window, 2.0 ** (1 - bounds.window)) == "pruned" and bounds.trying
     assert bounds.setup_seconds() == 0.0 and asked == [4096]
     assert bounds.budget == pytest.approx((bounds.spent + 0.8) * bounds.trial_share)
+
+
+def test_group_bounds_engine_through_the_api_equals_dense(kernels, monkeypatch):
+    """``TORCHKM_BOUNDS=groups`` (the experimental engine with a bound per group of centroids): the
+    same fits as dense Lloyd, with weights, cosine, duplicates and an empty cluster relocated."""
+    from torchkm._kernels import groups
+
+    built = []
+    monkeypatch.setenv("TORCHKM_BOUNDS", "groups")
+    monkeypatch.setattr(groups, "GROUP_SIZE", 16)  # two groups at k = 32
+    init = groups.GroupBoundsEngine.__init__
+    monkeypatch.setattr(groups.GroupBoundsEngine, "__init__", lambda self, *a, **kw: built.append(1) or init(self, *a, **kw))
+    monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
+    x = _seed000(256, 17, 32, 0.02, 6)
+    got = torchkm.fit(x, 32, init="random", random_state=1, max_iter=12, tol=0.0, algorithm="pruned")
+    _same_fit(got, torchkm.fit(x, 32, init="random", random_state=1, max_iter=12, tol=0.0))
+    assert max(h.skipped_bound for h in got.history) > 0.5
+    w = torch.rand(256, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    kw = {"init": "k-means++", "random_state": 3, "max_iter": 8, "metric": "cosine", "sample_weight": w}
+    _same_fit(torchkm.fit(x + 50.0, 32, algorithm="pruned", **kw), torchkm.fit(x + 50.0, 32, **kw))
+    y = x.clone()
+    y[50:120] = y[0]  # many identical rows
+    start = torch.cat([y[:31], torch.full((1, 17), 40.0, device=DEVICE)])  # the last centroid gets no rows
+    got = torchkm.fit(y, 32, init=start, max_iter=8, tol=0.0, algorithm="pruned")
+    _same_fit(got, torchkm.fit(y, 32, init=start, max_iter=8, tol=0.0))
+    assert got.history[0].empty_clusters == 1
+    assert len(built) == 3

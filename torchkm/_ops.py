@@ -14,6 +14,7 @@ traces ``torchkm.assign`` without graph breaks (through the kernels on CUDA).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import weakref
 from collections.abc import Callable
@@ -248,8 +249,26 @@ def pruned_engine(
         from ._kernels.boxes import BoxEngine
 
         return BoxEngine(data.x, centroids, labels, graphs=graphs, block=block, timed=timed, **common)
+    if group_bounds(data, centroids.shape[0]):
+        from ._kernels import groups
+
+        return groups.GroupBoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs,
+                                        block=block, timed=timed, group_size=groups.GROUP_SIZE, **common)
     return BoundsEngine(data.x, centroids, labels, raw_norms=data.raw_norms, graphs=graphs, block=block, timed=timed,
                         **common)
+
+
+def group_bounds(data: DataView, k: int) -> bool:
+    """Whether ``"pruned"`` at d > 8 runs the engine with a bound per group of centroids
+    (``torchkm._kernels.groups``) rather than per row: only with ``TORCHKM_BOUNDS=groups`` (an
+    experiment: it skips more distances but has measured slower, BENCHMARKS.md 2026-12-01), for
+    d <= 64 and at most 64 groups."""
+    from ._kernels import groups
+
+    choice = os.environ.get("TORCHKM_BOUNDS", "rows")
+    if choice != "groups":
+        return False
+    return data.n_features <= groups.MAX_D and math.ceil(k / groups.GROUP_SIZE) <= groups.MAX_GROUPS
 
 
 # The box engine serves up to 8 features, but its tiles' lists stay short only for few: on N(0, 1)

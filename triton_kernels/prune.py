@@ -462,6 +462,7 @@ class BoundsEngine(ReplayedEngine):
     """
 
     kernel = "pruned"
+    warm_kind = "bounds"  # the settle pass's kernels (``ReplayedPass``'s warm key)
 
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
@@ -518,7 +519,7 @@ class BoundsEngine(ReplayedEngine):
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
         # it is replayed as a CUDA graph from its second run on, or its first when warm (``ReplayedPass``).
         self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, self.record.numel(),
-                          launch_key("bounds", k, {"x": x, "labels": labels, **self.inputs}, normalize=normalize))
+                          launch_key(self.warm_kind, k, {"x": x, "labels": labels, **self.inputs}, normalize=normalize))
         self._first = True  # the first pass searches every row: the bounds come from it ("full")
         # The full pass, by whether it has previous labels: eager the first time, then (a fit that
         # restarts this engine, see ``restart``) captured and replayed. Eagerly its launches cost the

@@ -246,3 +246,104 @@ def test_triangle_engine_refuses_huge_k(monkeypatch):
     with pytest.raises(ValueError, match="k x k tables"):
         TriangleEngine(x, c, torch.empty(20, dtype=torch.int32, device=DEVICE), offset=None, row_scale=None,
                        sample_weight=None, normalize=False, tol=0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Group bounds (triton_kernels/groups.py): the same labels with one bound per group of centroids.
+
+
+def _group_engine(x, c, labels, group_size=16, **kwargs):
+    from torchkm._kernels.groups import GroupBoundsEngine
+
+    common = {"offset": None, "row_scale": None, "raw_norms": torch.linalg.vector_norm(x, dim=1),
+              "sample_weight": None, "normalize": False, "tol": 0.0}
+    common.update(kwargs)
+    return GroupBoundsEngine(x, c, labels, group_size=group_size, **common)
+
+
+def test_centroid_groups_partition_the_centroids_into_near_groups():
+    from torchkm._kernels.groups import centroid_groups
+
+    g = torch.Generator().manual_seed(5)
+    c = torch.cat([torch.randn(32, 3, generator=g), torch.randn(32, 3, generator=g) + 100.0])
+    members, group_of = centroid_groups(c, size=16)
+    assert members.shape == (4, 16)
+    listed = members[members >= 0]
+    assert sorted(listed.tolist()) == list(range(64))  # every centroid once
+    for gi, row in enumerate(members.tolist()):
+        valid = [m for m in row if m >= 0]
+        assert valid == sorted(valid) and all(int(group_of[m]) == gi for m in valid)
+        # The first split separates the two far blobs: no group mixes them.
+        assert len({m < 32 for m in valid}) == 1
+    uneven, _ = centroid_groups(c[:37], size=16)  # parts of whole groups: 32 and 5
+    assert sorted(int((row >= 0).sum()) for row in uneven) == [5, 16, 16]
+    one, of_one = centroid_groups(c[:3], size=16)
+    assert one.tolist()[0][:4] == [0, 1, 2, -1] and of_one.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("d,k", [(17, 70), (33, 7), (64, 40)])
+def test_group_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
+    n = 301
+    x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    engine = _group_engine(x, c, labels)
+    assert engine.n_groups == -(-k // 16)
+    _run(engine, x, 5)
+    assert engine.info is not None and engine.info.kernel == "pruned"
+    if k > 7:
+        assert engine.info.skipped_bound > 0.5  # converging blobs: most groups are skipped
+
+
+def test_group_bounds_engine_blocks_follow_the_dense_engine():
+    """Blocks of 3 replayed under the device's control: every pass's statistics equal the dense
+    engine's, and a block stops where a pass changed no label."""
+    from torchkm._kernels.lloyd import LloydEngine
+
+    n, d, k = 301, 17, 32  # no cluster empties (a block would freeze there for the host's relocation)
+    x, c = _clustered(n, d, k, seed=3, sigma=0.05)
+    engine = _group_engine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), block=3)
+    dense = LloydEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), precision="exact", offset=None,
+                        row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=None,
+                        normalize=False, tol=0.0)
+    rows = []
+    for it in range(2):
+        engine.iterate(has_prev=it > 0)
+        rows += engine.read(1)
+    while len(rows) < 40 and rows[-1][2] > 0:
+        engine.run_block(3)
+        for row in engine.read(3):
+            rows.append(row)
+            if row[2] == 0:
+                break
+    assert rows[-1][2] == 0, "the fit should converge"
+    dense_rows = []
+    for it in range(len(rows)):
+        dense.iterate(has_prev=it > 0)
+        dense_rows += dense.read(1)
+    assert [r[2] for r in rows] == [r[2] for r in dense_rows]
+    np.testing.assert_allclose([r[0] for r in rows], [r[0] for r in dense_rows], rtol=1e-5)
+    np.testing.assert_array_equal(engine.labels.cpu().numpy(), dense.labels.cpu().numpy())
+    torch.testing.assert_close(engine.c, dense.c, rtol=1e-5, atol=1e-6)
+
+
+def test_group_bounds_engine_with_duplicates_ties_offset_weights_and_moved_centroids():
+    n, d, k = 257, 17, 40
+    x, c = _clustered(n, d, k, seed=7, sigma=0.02)
+    x[100:140] = x[0]  # duplicate rows
+    c[5] = c[4]  # duplicate centroids: exact ties, the lower index wins
+    offset = x.mean(0)
+    weights = torch.rand(n, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    norms = torch.linalg.vector_norm(x, dim=1)
+    engine = _group_engine(x, c - offset, labels, offset=offset, sample_weight=weights)
+    for it in range(5):
+        if it == 3:  # a centroid teleported between passes, as a relocation does
+            engine.c[0] = x[int((labels != 0).nonzero()[0])] - offset
+        c_before = engine.c.clone()
+        engine.iterate(has_prev=it > 0)
+        engine.read(1)
+        dense = assign(x, c_before, precision="exact", offset=offset, raw_norms=norms)
+        np.testing.assert_array_equal(engine.labels.long().cpu().numpy(), dense.labels.cpu().numpy())
+        assert it > 0 or not bool((engine.labels == 5).any())  # the tie went to centroid 4
+        w_expected = torch.zeros(k, dtype=torch.float64).index_add_(0, dense.labels.cpu(), weights.double().cpu())
+        torch.testing.assert_close(engine.counts.double().cpu(), w_expected, rtol=1e-5, atol=1e-5)
