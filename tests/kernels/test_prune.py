@@ -157,13 +157,19 @@ def test_bounds_engine_blocks_follow_the_dense_engine_and_freeze_where_it_stops(
     assert engine.infos[0].skipped_bound > 0.2  # converging blobs: rows settle
 
 
+def _duplicates_case(n, d, k):
+    """Rows with many duplicates, two identical centroids (4 and 5: exact ties, the lower index
+    wins), the rows' mean as offset and random weights."""
+    x, c = _clustered(n, d, k, seed=7, sigma=0.02)
+    x[100:140] = x[0]
+    c[5] = c[4]
+    weights = torch.rand(n, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    return x, c, x.mean(0), weights
+
+
 def test_bounds_engine_with_duplicates_ties_offset_and_weights():
     n, d, k = 257, 17, 9
-    x, c = _clustered(n, d, k, seed=7, sigma=0.02)
-    x[100:140] = x[0]  # duplicate rows
-    c[5] = c[4]  # duplicate centroids: exact ties, the lower index wins
-    offset = x.mean(0)
-    weights = torch.rand(n, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    x, c, offset, weights = _duplicates_case(n, d, k)
     labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
     engine = BoundsEngine(x, c - offset, labels, offset=offset, row_scale=None,
                           raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=weights,
@@ -328,11 +334,7 @@ def test_group_bounds_engine_blocks_follow_the_dense_engine():
 
 def test_group_bounds_engine_with_duplicates_ties_offset_weights_and_moved_centroids():
     n, d, k = 257, 17, 40
-    x, c = _clustered(n, d, k, seed=7, sigma=0.02)
-    x[100:140] = x[0]  # duplicate rows
-    c[5] = c[4]  # duplicate centroids: exact ties, the lower index wins
-    offset = x.mean(0)
-    weights = torch.rand(n, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    x, c, offset, weights = _duplicates_case(n, d, k)
     labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
     norms = torch.linalg.vector_norm(x, dim=1)
     engine = _group_engine(x, c - offset, labels, offset=offset, sample_weight=weights)
