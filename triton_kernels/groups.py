@@ -36,13 +36,12 @@ Where the time goes (H200, 3.9M x 32, k = 1,024, sigma^2 = 0.05, passes 5-10 wit
 distances left): search 5.8 ms, finish 1.7, settle 0.9, against 2.9 for a dense exact pass. The
 search is bound by memory traffic per (row, group) pair (a gathered row and three scattered
 writes for 32 distances); bounds in row-major order and an atomic per pair had taken 10 ms.
-Memory: 16 n G bytes beyond the bounds engine's, and a copy of the rows.
+Memory: 16 n G + 8 n bytes beyond the bounds engine's, and a copy of the rows.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import torch
@@ -54,14 +53,16 @@ from .centroids import block_frozen, finish_update
 from .configs import num_persistent_programs
 from .prune import BoundsEngine, PassInfo, distance_margin
 
-__all__ = ["GROUP_SIZE", "GroupBoundsEngine", "centroid_groups", "estimate_error_coefficient", "group_memory"]
+__all__ = ["GROUP_SIZE", "GroupBoundsEngine", "centroid_groups", "estimate_error_coefficient"]
 
 GROUP_SIZE = 32
 MAX_GROUPS = 64  # a listed row's groups are the bits of an int64
 MAX_D = 64  # the search and the finish hold a row tile in one chunk (d = 129: out of shared memory)
+# The search's tile rows and warps; it runs ``num_persistent_programs`` programs (4 an SM). On an
+# H200 tiles of 32-256 rows, 2-8 warps and 4-16 programs an SM all took 9.5-11.1 ms a pass before
+# the rows were sorted (BENCHMARKS.md, 2026-12-01).
 SEARCH_BLOCK_N = 128
 SEARCH_WARPS = 4
-SEARCH_PROGRAMS_PER_SM = 4
 SETTLE_BLOCK_N = 64
 FINISH_BLOCK_N = 64
 
@@ -99,15 +100,9 @@ def estimate_error_coefficient(d: int) -> float:
     """``coef`` with ``|estimate - fp32 direct distance| <= coef (|x| + max |c|)^2`` for the search's
     estimate ``|x|^2 + |c|^2 - 2 x.c`` with 3xTF32 products (each operand a tf32 part plus a tf32
     rest, the rests' product dropped: about 2^-20 relative per product, 2^-18 taken) accumulated
-    in fp32, and fp32 norms; with room to spare. (The search reads rows from memory at random, so
-    its three products cost little; plain tf32 left a window 150 times wider to compare directly.)"""
+    in fp32, and fp32 norms; with room to spare. (The search is bound by its memory traffic, so its
+    three products cost little; plain tf32 left a window 150 times wider to compare directly.)"""
     return 1.25 * (2.0**-18 + (2 * d + 16) * 2.0**-22)
-
-
-def group_memory(n: int, k: int, size: int = GROUP_SIZE) -> int:
-    """Bytes the engine keeps per fit beyond the bounds engine's: bounds, second bounds, best
-    indices and the bucketed row lists, each n x G (4 bytes)."""
-    return 16 * n * math.ceil(k / size)
 
 
 @triton.jit
@@ -147,8 +142,9 @@ def _drift_kernel(c_ptr, c_old_ptr, members_ptr, drift_ptr, drift32_ptr, c_norm_
 @triton.jit
 def _own_distance(x_ptr, c_ptr, offset_ptr, rows, row_mask, label, scale, d, stride_xn, stride_xd,
                   BLOCK_D: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """Direct fp32 squared distance of each transformed row to centroid ``label`` (the same sum in
-    every kernel, so a row's own distance compares equal wherever it is taken)."""
+    """Direct fp32 squared distance of each transformed row to centroid ``label``, the rows read
+    here (the settle's test; the finish compares candidates with ``_distance_to`` on its own tile,
+    own centroid included, so every comparison of a row uses one sum)."""
     sq = tl.zeros(rows.shape, tl.float32)
     for d0 in range(0, d, BLOCK_D):
         dims = d0 + tl.arange(0, BLOCK_D)
@@ -448,10 +444,7 @@ class GroupBoundsEngine(BoundsEngine):
         self.counters = torch.zeros(2 + G, dtype=torch.int32, device=device)
         self.group_settle_grid = triton.cdiv(n, SETTLE_BLOCK_N)
         self.finish_programs = num_persistent_programs(device)
-        spec = os.environ.get("TORCHKM_GROUP_SEARCH")  # "BLOCK_N,warps,programs per SM" (experiments)
-        self.search_launch = tuple(int(v) for v in spec.split(",")) if spec else (
-            SEARCH_BLOCK_N, SEARCH_WARPS, SEARCH_PROGRAMS_PER_SM)
-        self.search_programs = max(1, num_persistent_programs(device) // 4 * self.search_launch[2])
+        self.search_programs = num_persistent_programs(device)
         self.part_inertia = torch.zeros(self.group_settle_grid + self.finish_programs, dtype=torch.float32,
                                         device=device)
         self.part_changed = torch.zeros_like(self.part_inertia, dtype=torch.int64)
@@ -511,8 +504,8 @@ class GroupBoundsEngine(BoundsEngine):
             x, self.c, offset, scale, self.sorted_labels, self.members, self.counters,
             self.group_rows, self.bounds, self.second, self.args, self.drift32, self.c_norm, self.control,
             n, d, G, x.stride(0), x.stride(1), self.coef,
-            BLOCK_N=self.search_launch[0], S=S, GP=gp, DP=max(16, triton.next_power_of_2(d)),
-            num_warps=self.search_launch[1], **flags,
+            BLOCK_N=SEARCH_BLOCK_N, S=S, GP=gp, DP=max(16, triton.next_power_of_2(d)),
+            num_warps=SEARCH_WARPS, **flags,
         )
         p = self.assign_pass
         launcher(_finish_kernel)[(self.finish_programs,)](
