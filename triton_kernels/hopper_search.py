@@ -237,6 +237,9 @@ def record_rows(check: bool) -> int:
 # the error of its fp32 sum into the product, relative to it.
 ROW_MARGIN_VALUE = 2.0 ** -5
 ROW_SLACK_VALUE = 2.0 ** -17
+# The exact fold's given-up scores by additions (``_fold_tile``); ``TORCHKM_SECOND_SUMS=0``: by a
+# maximum (A/B; read at import).
+SECOND_SUMS_VALUE = os.environ.get("TORCHKM_SECOND_SUMS", "1") != "0"
 # fp16 operands cannot hold the bias or the row term (up to 2^29 in the products' units, see
 # ``centroids.HALF_TOP_EXPONENT``), so each enters as four fp16 parts, each against one of these
 # powers of two on the other side: v = sum(part_i * HALF_PART_SCALES[i]), to within 2^-44 |v| + 2^-39.
@@ -269,6 +272,7 @@ def _half_part(r, scale: tl.constexpr):
 if gluon is not None:
     ROW_MARGIN = gl.constexpr(ROW_MARGIN_VALUE)
     ROW_SLACK = gl.constexpr(ROW_SLACK_VALUE)
+    SECOND_SUMS = gl.constexpr(SECOND_SUMS_VALUE)
 
     @gluon.jit
     def _thread_min(v):
@@ -298,13 +302,30 @@ if gluon is not None:
             # keeps the slot's best with its tile, ties to the lower tile. Two instructions a score
             # instead of four; with CHECK, four instead of six.
             key = ((acc.to(gl.int32, bitcast=True) & -(1 << TILE_BITS)) | t).to(gl.float32, bitcast=True)
-            if CHECK == 2:
-                # One second-lowest per row over the slots this thread holds (``_thread_min``), not one
-                # a slot: the record is the same (see ``_search_rows``), in 30 registers fewer.
-                second_t = gl.minimum(second_t, _thread_min(gl.maximum(best_t, key)))
-            elif CHECK:
-                second_t = gl.minimum(second_t, gl.maximum(best_t, key))
-            best_t = gl.minimum(best_t, key)
+            new_best = gl.minimum(best_t, key)
+            if CHECK:
+                if SECOND_SUMS:
+                    # The score the slot gives up, max(best, key), as (best - new best) + key: two
+                    # additions on the FMA pipe, which the exact fold leaves idle, instead of a maximum
+                    # on the ALU pipe, which it keeps busy (ncu, BENCHMARKS.md 2026-11-29). At least
+                    # the new best (the rounding is monotone), exact if key >= best or key >= best / 2,
+                    # else within 2^-23 of best (``_key_floor``'s EVICTED margin); a bound only, its
+                    # tile bits are not read. Keys are finite, so inf - key + key stays inf. H200,
+                    # exact pass replayed, means of three processes a setting (2026-12-02,
+                    # scripts/diag_second_sums.py): 32,768 x 256, k = 8192, fp32 0.364 -> 0.350 ms,
+                    # bf16 0.329 -> 0.311; 1M x 128, k = 4096, level (3.199 -> 3.210, 2.881 -> 2.897).
+                    # (The lazy tl.dot search's fold was slower with it: 245,760 x 32, k = 1024, bf16
+                    # 0.178 -> 0.191 ms; it keeps the maximum.)
+                    evicted = (best_t - new_best) + key
+                else:
+                    evicted = gl.maximum(best_t, key)
+                if CHECK == 2:
+                    # One second-lowest per row over the slots this thread holds (``_thread_min``), not
+                    # one a slot: the record is the same (see ``_search_rows``), in 30 registers fewer.
+                    second_t = gl.minimum(second_t, _thread_min(evicted))
+                else:
+                    second_t = gl.minimum(second_t, evicted)
+            best_t = new_best
         else:
             score = acc + gl.expand_dims(bias, 0)
             better = score < best_t
@@ -527,7 +548,12 @@ if gluon is not None:
             # Keys back to scores (bias - 2 x.c~, the record's unit) and tiles, lowered by what the
             # keys' low bits and the row term's sum may have hidden (``_key_floor``).
             tile_t = best_t.to(gl.int32, bitcast=True) & ((1 << TILE_BITS) - 1)
-            best_t = _key_floor(best_t, row_term, TILE_BITS)
+            # (One floor for the best and the seconds, so that a second never falls below its slot's
+            # best: the record stays the same with a second a slot or a row, see below.)
+            if CHECK:
+                best_t = _key_floor(best_t, row_term, TILE_BITS, SECOND_SUMS)
+            else:
+                best_t = _key_floor(best_t, row_term, TILE_BITS, False)
             if CHECK == 2:
                 # The row's second-lowest over its slots stands for every slot's: each expression of the
                 # record is a minimum over a row's slots of one value per slot, that slot's best or
@@ -535,20 +561,24 @@ if gluon is not None:
                 # (its best, at most its second). So the record is the one per-slot seconds give.
                 row_second = gl.convert_layout(gl.min(second_t, axis=1), gl.SliceLayout(1, layout))
                 second_t = gl.expand_dims(row_second, 1) + gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
-                second_t = _key_floor(second_t, row_term, TILE_BITS)
+                second_t = _key_floor(second_t, row_term, TILE_BITS, SECOND_SUMS)
             elif CHECK:
-                second_t = _key_floor(second_t, row_term, TILE_BITS)
+                second_t = _key_floor(second_t, row_term, TILE_BITS, SECOND_SUMS)
         _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                       fourth_ptr, row0, n, BLOCK_N, BLOCK_K, CHECK, layout)
 
     @gluon.jit
-    def _key_floor(key_t, row_term, TILE_BITS: gl.constexpr):
+    def _key_floor(key_t, row_term, TILE_BITS: gl.constexpr, EVICTED: gl.constexpr):
         # A lower bound on the score a key came from (inf stays inf): the key's value without its
         # tile bits, less 2^(TILE_BITS - 22) of it (those bits, and the subtraction's rounding) and
-        # ROW_SLACK of the row term (its fp32 sum into the product), less the row term.
+        # ROW_SLACK of the row term (its fp32 sum into the product), less the row term. EVICTED:
+        # 2^-21 of it less too, for seconds that ``_fold_tile`` added up (SECOND_SUMS).
         value = (key_t.to(gl.int32, bitcast=True) & -(1 << TILE_BITS)).to(gl.float32, bitcast=True)
         term = gl.expand_dims(row_term, 1)
-        slack = gl.minimum(gl.abs(value), 1.0e38) * (2.0 ** (TILE_BITS - 22)) + term * ROW_SLACK
+        magnitude = gl.minimum(gl.abs(value), 1.0e38)
+        slack = magnitude * (2.0 ** (TILE_BITS - 22)) + term * ROW_SLACK
+        if EVICTED:
+            slack = slack + magnitude * (2.0 ** -21)
         return value - term - slack
 
     @gluon.jit
@@ -626,8 +656,8 @@ def packed(x: torch.Tensor, k: int, *, half: bool = False) -> bool:
     The record then differs from the unpacked search's in its values only: each score (and each
     bound) is lowered by at most ``1.5 * 2^(b - 22) |s + t| + 2^-17 t`` (the cleared bits, up to
     ``2^(b - 23) |s + t|``, then ``_key_floor``'s margin for them; ``b = tile_bits``, ``t`` the
-    row's term, about ``1.03 ||x - offset||^2``), and scores that agree to within the cleared bits
-    tie, to the lower index. The exact pass's bound counts the extra operands' terms in its fp32
+    row's term, about ``1.03 ||x - offset||^2``; with ``check`` and ``SECOND_SUMS``, another
+    ``2^-21 |s + t|``), and scores that agree to within the cleared bits tie, to the lower index. The exact pass's bound counts the extra operands' terms in its fp32
     sum (``assign.score_bound_coefficients(dtype, d + 8)``)."""
     setting = os.environ.get("TORCHKM_HOPPER_PACKED", "1")
     if setting == "0" or (half and setting == "no-half") or x.dtype not in (torch.float32, torch.bfloat16):
