@@ -111,6 +111,35 @@ def test_search_operands_split_the_bias_into_fp16_parts(k):
     assert (total[k:] >= 2.0 ** 30.9).all()
 
 
+def test_given_up_score_by_additions_is_within_the_floors_margin():
+    """The exact fold's given-up score ``(best - min(best, key)) + key`` (``_fold_tile`` with
+    SECOND_SUMS), in fp32 as the kernel computes it: never below the new best (so a second never
+    floors below its slot's best), equal to max(best, key) when key >= best / 2, and otherwise
+    within 2^-23 of it (``_key_floor`` lowers such seconds by another 2^-21); an infinite best
+    stays infinite. Positive keys, as the packed search's are (its row term's margin)."""
+    g = torch.Generator().manual_seed(7)
+    n = 200_000
+    best = torch.exp2(torch.empty(n).uniform_(-40, 40, generator=g))
+    # Keys from far below the best to above it, with ratios near 1/2 and 1 and exact ties.
+    ratio = torch.cat([torch.exp2(torch.empty(n // 2).uniform_(-30, 2, generator=g)),
+                       torch.empty(n // 4).uniform_(0.45, 0.55, generator=g),
+                       torch.empty(n // 4).uniform_(0.999, 1.001, generator=g)])
+    ratio[::97] = 1.0
+    best = best.float()
+    key = (best.double() * ratio.double()).float()
+    new_best = torch.minimum(best, key)
+    given_up = (best - new_best) + key
+    largest = torch.maximum(best, key).double()
+    assert (given_up >= new_best).all()
+    assert ((given_up.double() - largest).abs() <= 2.0 ** -23 * largest).all()
+    halved = key >= best / 2
+    assert halved.float().mean() > 0.3
+    assert torch.equal(given_up[halved], torch.maximum(best, key)[halved])
+    inf = torch.full((3,), float("inf"))
+    finite = torch.tensor([0.5, 3.0e38, 1.0e-30])
+    assert torch.isinf((inf - torch.minimum(inf, finite)) + finite).all()
+
+
 def test_packed_takes_fp32_and_bf16_up_to_1024_tiles(monkeypatch):
     x32, x16 = torch.zeros(2, 128), torch.zeros(2, 128, dtype=torch.bfloat16)
     assert hopper_search.packed(x32, 4096) and hopper_search.packed(x16, 65_536)
