@@ -572,7 +572,8 @@ if gluon is not None:
         # A lower bound on the score a key came from (inf stays inf): the key's value without its
         # tile bits, less 2^(TILE_BITS - 22) of it (those bits, and the subtraction's rounding) and
         # ROW_SLACK of the row term (its fp32 sum into the product), less the row term. EVICTED:
-        # 2^-21 of it less too, for seconds that ``_fold_tile`` added up (SECOND_SUMS).
+        # 2^-21 of it less too, for a record whose seconds ``_fold_tile`` added up (SECOND_SUMS);
+        # its bests take the same floor, so that no second falls below its slot's best.
         value = (key_t.to(gl.int32, bitcast=True) & -(1 << TILE_BITS)).to(gl.float32, bitcast=True)
         term = gl.expand_dims(row_term, 1)
         magnitude = gl.minimum(gl.abs(value), 1.0e38)
@@ -657,8 +658,9 @@ def packed(x: torch.Tensor, k: int, *, half: bool = False) -> bool:
     bound) is lowered by at most ``1.5 * 2^(b - 22) |s + t| + 2^-17 t`` (the cleared bits, up to
     ``2^(b - 23) |s + t|``, then ``_key_floor``'s margin for them; ``b = tile_bits``, ``t`` the
     row's term, about ``1.03 ||x - offset||^2``; with ``check`` and ``SECOND_SUMS``, another
-    ``2^-21 |s + t|``), and scores that agree to within the cleared bits tie, to the lower index. The exact pass's bound counts the extra operands' terms in its fp32
-    sum (``assign.score_bound_coefficients(dtype, d + 8)``)."""
+    ``2^-21 |s + t|``), and scores that agree to within the cleared bits tie, to the lower index.
+    The exact pass's bound counts the extra operands' terms in its fp32 sum
+    (``assign.score_bound_coefficients(dtype, d + 8)``)."""
     setting = os.environ.get("TORCHKM_HOPPER_PACKED", "1")
     if setting == "0" or (half and setting == "no-half") or x.dtype not in (torch.float32, torch.bfloat16):
         return False
