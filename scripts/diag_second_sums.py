@@ -1,14 +1,17 @@
-"""The Hopper search's exact fold with given-up scores by additions (``TORCHKM_SECOND_SUMS``), A/B
+"""Import-time switches of the exact pass (``TORCHKM_SECOND_SUMS``: the Hopper search's given-up
+scores by additions; ``TORCHKM_EXACT_FUSED_SUMS``: the epilogue's sums in its first sweep), A/B
 across processes.
 
-The switch is a module constant of ``hopper_search`` (read at import), so each process times one
-setting: run it once with ``TORCHKM_SECOND_SUMS=0`` and once with ``1``, alternating, and compare
-the JSON. For each shape and dtype it times the fused assignment pass (search + sums, 20 calls
-replayed in a CUDA graph, as ``bench_lloyd --sweep``) in the exact and the fast mode, after checking
-the exact pass on fresh data: labels against a float64 argmin (rows whose best two float64
-distances are within 1e-5 relative are not counted), sums and counts against float64 ``index_add_``.
+Such a switch is a module constant (read at import), so each process times one setting: run it
+once with the switch at ``0`` and once at ``1``, alternating, and compare the JSON (each row names
+the process's ``TORCHKM_*`` settings). For each shape and dtype it times the fused assignment pass
+(search + sums, 20 calls replayed in a CUDA graph, as ``bench_lloyd --sweep``) in the exact and the
+fast mode, after checking the exact pass on fresh data: labels against a float64 argmin (rows whose
+best two float64 distances are within 1e-5 relative are not counted), sums and counts against
+float64 ``index_add_``; ``differs_from_fast``: the fraction of rows whose exact label is not the
+fast pass's.
 
-    TORCHKM_SECOND_SUMS=1 python scripts/diag_second_sums.py [--rounds 3] [--json out.json]
+    TORCHKM_EXACT_FUSED_SUMS=0 python scripts/diag_second_sums.py [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ def check(x, c, precision) -> dict:
     sums = torch.zeros(k, x.shape[1], dtype=torch.float64, device=x.device).index_add_(0, labels, x.double())
     counts = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(
         0, labels, torch.ones(n, dtype=torch.float64, device=x.device))
+    fast_labels = torch.full((n,), -1, dtype=torch.int64, device=x.device)
+    run(AssignPass(x, k, "fast", update=True), x, c.float().contiguous(), x.float().norm(dim=1), fast_labels)
+    differs = (fast_labels != labels).double().mean().item()
     err = ((p.acc_sums.double().sum(0) - sums).abs().max() / sums.abs().max().clamp_min(1e-30)).item()
     return {"labels_off": off, "sums_rel_err": err, "counts_equal": bool(torch.equal(p.acc_counts.double().sum(0), counts)),
-            "rechecked": int(p.flag_count[0]) if precision == "exact" else 0}
+            "rechecked": int(p.flag_count[0]) if precision == "exact" else 0, "differs_from_fast": differs}
 
 
 def main() -> None:
@@ -61,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     from torchkm._kernels.assign import AssignPass
 
-    setting = os.environ.get("TORCHKM_SECOND_SUMS", "1")
+    setting = " ".join(f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("TORCHKM_"))
     out = []
     for name in args.only:
         n, d, k = SHAPES[name]
@@ -73,7 +79,7 @@ def main() -> None:
             norms = x.float().norm(dim=1)
             labels = torch.empty(n, dtype=torch.int64, device="cuda")
             c32 = c.contiguous()
-            row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name, "second_sums": setting,
+            row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name, "settings": setting,
                    "check_exact": check(x, c, "exact")}
             passes = {mode: AssignPass(x, k, mode, update=True) for mode in ("exact", "fast")}
             times = {mode: [] for mode in passes}
@@ -84,7 +90,7 @@ def main() -> None:
                 row[f"ms_{mode}"] = sorted(times[mode])[len(times[mode]) // 2]
             row["runs"] = times
             out.append(row)
-            print(f"SECOND_SUMS={setting} {name:<11} {dtype_name:<8} | exact {row['ms_exact']:.4f} ms  fast "
+            print(f"[{setting}] {name:<11} {dtype_name:<8} | exact {row['ms_exact']:.4f} ms  fast "
                   f"{row['ms_fast']:.4f} ms  exact/fast {row['ms_exact'] / row['ms_fast']:.3f} | {row['check_exact']}",
                   flush=True)
             del x, passes
