@@ -1,6 +1,5 @@
-"""Import-time switches of the exact pass (``TORCHKM_SECOND_SUMS``: the Hopper search's given-up
-scores by additions; ``TORCHKM_EXACT_FUSED_SUMS``: the epilogue's sums in its first sweep), A/B
-across processes.
+"""Import-time switches of the exact pass (such as ``TORCHKM_SECOND_SUMS``: the Hopper search's
+given-up scores by additions), A/B across processes.
 
 Such a switch is a module constant (read at import), so each process times one setting: run it
 once with the switch at ``0`` and once at ``1``, alternating, and compare the JSON (each row names
@@ -11,7 +10,7 @@ best two float64 distances are within 1e-5 relative are not counted), sums and c
 float64 ``index_add_``; ``differs_from_fast``: the fraction of rows whose exact label is not the
 fast pass's.
 
-    TORCHKM_EXACT_FUSED_SUMS=0 python scripts/diag_second_sums.py [--rounds 3] [--json out.json]
+    TORCHKM_SECOND_SUMS=0 python scripts/diag_second_sums.py [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations

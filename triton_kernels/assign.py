@@ -123,12 +123,6 @@ PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 logger = logging.getLogger("torchkm")
 
 
-# The exact epilogue adds the sums in its first sweep of the rows and corrects the few rows the
-# direct comparisons move (``_tile``); ``TORCHKM_EXACT_FUSED_SUMS=0``: a second sweep after the
-# final labels (A/B; read at import).
-_FUSED_EXACT_SUMS = tl.constexpr(os.environ.get("TORCHKM_EXACT_FUSED_SUMS", "1") != "0")
-
-
 @triton.jit
 def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
@@ -520,23 +514,18 @@ def _tile(
     sq_dist = tl.zeros((BLOCK_N,), tl.float32)
     if CHECK:
         # Direct fp32 distances to both candidates; the second is read only for rows to settle.
-        # FUSED_SUMS: each row adds into its best score's centroid in this same sweep, and the few
-        # the comparisons move or defer are taken back out below; else the sums wait for the final
-        # labels, a second sweep of the (cached) rows.
-        FUSED_SUMS: tl.constexpr = _FUSED_EXACT_SUMS and (UPDATE == 1 or UPDATE == 2)
+        # The sums wait for the final labels: a second sweep of the (cached) rows, as fusing them
+        # into this sweep spills registers.
         sq_dist2 = tl.zeros((BLOCK_N,), tl.float32)
         x_sq = tl.zeros((BLOCK_N,), tl.float32)
         label2_64 = label2.to(tl.int64)
-        label0 = label
-        label0_64 = label.to(tl.int64)
-        w0 = tl.where(row_mask, w, 0.0)
         for d0 in range(0, d, EPI_D):
             dims = d0 + epi_dims
             dim_mask = dims < d
             xr = transform_rows(
                 tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
                 row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
-            cr = tl.load(c32_ptr + label0_64[:, None] * d + dims[None, :],
+            cr = tl.load(c32_ptr + label.to(tl.int64)[:, None] * d + dims[None, :],
                          mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
             cr2 = tl.load(c32_ptr + label2_64[:, None] * d + dims[None, :],
                           mask=resolve[:, None] & dim_mask[None, :], other=0.0)
@@ -546,9 +535,6 @@ def _tile(
             sq_dist2 += tl.sum(diff2 * diff2, axis=1)
             if STORE_LOWER or DISTANCE_BOUND:
                 x_sq += tl.sum(xr * xr, axis=1)
-            if FUSED_SUMS:
-                accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label0_64, w0, row_mask, xr,
-                                dims, dim_mask, d0 == 0, k, d, KP, UPDATE)
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
         loser_sq = tl.where(take2, sq_dist, sq_dist2)
         label = tl.where(take2, label2, label)
@@ -613,24 +599,7 @@ def _tile(
             tl.store(lower_ptr + rows, tl.where(flag, 0.0, lower), mask=row_mask)
         w = tl.where(done, w, 0.0)
         label64 = label.to(tl.int64)
-        if FUSED_SUMS:
-            # The rows whose winner changed, or that the re-search takes (it adds them itself):
-            # out of their best score's centroid, and into the winner if settled here.
-            fix = row_mask & ((label != label0) | ~done)
-            if tl.max(fix.to(tl.int32), axis=0) > 0:
-                w_out = tl.where(fix, -w0, 0.0)
-                w_in = tl.where(fix, w, 0.0)
-                for d0 in range(0, d, EPI_D):
-                    dims = d0 + epi_dims
-                    dim_mask = dims < d
-                    xr = transform_rows(
-                        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=fix[:, None] & dim_mask[None, :], other=0.0),
-                        fix, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
-                    accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label0_64, w_out, fix, xr,
-                                    dims, dim_mask, d0 == 0, k, d, KP, UPDATE)
-                    accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w_in, fix & done, xr,
-                                    dims, dim_mask, d0 == 0, k, d, KP, UPDATE)
-        elif UPDATE == 1 or UPDATE == 2:
+        if UPDATE == 1 or UPDATE == 2:
             for d0 in range(0, d, EPI_D):
                 dims = d0 + epi_dims
                 dim_mask = dims < d
@@ -2354,7 +2323,7 @@ class AssignPass:
         chunk_mins = candidates and self.chunk_mins is not None and bool(self.main_grid) and not searched
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
         # product's operands) spill registers.
-        epilogue_width = 16 if self.update == UPDATE_ONEHOT else (int(os.environ.get("TMP_EPI_D", "32")) if self.check else 32)
+        epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
         if self.main_grid:
             cfg = self.half_cfg if half else self.cfg
             if searched:

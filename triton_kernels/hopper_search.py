@@ -237,11 +237,9 @@ def record_rows(check: bool) -> int:
 # the error of its fp32 sum into the product, relative to it.
 ROW_MARGIN_VALUE = 2.0 ** -5
 ROW_SLACK_VALUE = 2.0 ** -17
-# The exact fold's given-up scores (``_fold_tile``): 1 by additions; ``TORCHKM_SECOND_SUMS=0``: by
-# a maximum, ``2``: half of each thread's columns either way (A/B; read at import).
-SECOND_SUMS_VALUE = int(os.environ.get("TORCHKM_SECOND_SUMS", "1"))
-if SECOND_SUMS_VALUE not in (0, 1, 2):
-    raise ValueError(f"TORCHKM_SECOND_SUMS must be 0, 1 or 2, not {SECOND_SUMS_VALUE}")
+# The exact fold's given-up scores by additions (``_fold_tile``); ``TORCHKM_SECOND_SUMS=0``: by a
+# maximum (A/B; read at import).
+SECOND_SUMS_VALUE = os.environ.get("TORCHKM_SECOND_SUMS", "1") != "0"
 # fp16 operands cannot hold the bias or the row term (up to 2^29 in the products' units, see
 # ``centroids.HALF_TOP_EXPONENT``), so each enters as four fp16 parts, each against one of these
 # powers of two on the other side: v = sum(part_i * HALF_PART_SCALES[i]), to within 2^-44 |v| + 2^-39.
@@ -281,18 +279,9 @@ if gluon is not None:
         """Per row, the minimum of the columns one thread holds in the products' layout, as a
         (rows x 4) tensor (the 4 lanes that share a row): a thread holds adjacent pairs of columns
         and columns that differ in their high bits, so these splits move no data."""
-        a, b = _column_pairs(v)
-        return _pair_min(a, b)
-
-    @gluon.jit
-    def _column_pairs(v):
-        # The even and the odd columns: in the products' layout a thread holds adjacent pairs.
-        return gl.split(gl.reshape(v, (v.shape[0], v.shape[1] // 2, 2)))
-
-    @gluon.jit
-    def _pair_min(a, b):
-        # ``_thread_min`` of the columns whose even and odd halves are ``a`` and ``b``.
-        N: gl.constexpr = a.shape[0]
+        N: gl.constexpr = v.shape[0]
+        W: gl.constexpr = v.shape[1]
+        a, b = gl.split(gl.reshape(v, (N, W // 2, 2)))
         v = gl.minimum(a, b)
         for _ in gl.static_range(8):
             if v.shape[1] > 4:
@@ -315,37 +304,27 @@ if gluon is not None:
             key = ((acc.to(gl.int32, bitcast=True) & -(1 << TILE_BITS)) | t).to(gl.float32, bitcast=True)
             new_best = gl.minimum(best_t, key)
             if CHECK:
-                if SECOND_SUMS == 2 and CHECK == 2:
-                    # Half of the columns by a maximum, half by additions: both pipes and the issue
-                    # rate about evenly loaded.
-                    best_a, best_b = _column_pairs(best_t)
-                    key_a, key_b = _column_pairs(key)
-                    new_a, new_b = _column_pairs(new_best)
-                    evicted_a = gl.maximum(best_a, key_a)
-                    evicted_b = (best_b - new_b) + key_b
-                    second_t = gl.minimum(second_t, _pair_min(evicted_a, evicted_b))
+                if SECOND_SUMS:
+                    # The score the slot gives up, max(best, key), as (best - new best) + key: two
+                    # additions on the FMA pipe, which the exact fold leaves idle, instead of a maximum
+                    # on the ALU pipe, which it keeps busy (ncu, BENCHMARKS.md 2026-11-29). At least
+                    # the new best (the rounding is monotone), exact if key >= best or key >= best / 2,
+                    # else within 2^-23 of best (``_key_floor``'s EVICTED margin); a bound only, its
+                    # tile bits are not read. Keys are finite, so inf - key + key stays inf. H200,
+                    # exact pass replayed, means of three processes a setting (2026-12-02,
+                    # scripts/diag_second_sums.py): 32,768 x 256, k = 8192, fp32 0.364 -> 0.350 ms,
+                    # bf16 0.329 -> 0.311; 1M x 128, k = 4096, level (3.199 -> 3.210, 2.881 -> 2.897).
+                    # (The lazy tl.dot search's fold was slower with it: 245,760 x 32, k = 1024, bf16
+                    # 0.178 -> 0.191 ms; it keeps the maximum.)
+                    evicted = (best_t - new_best) + key
                 else:
-                    if SECOND_SUMS:
-                        # The score the slot gives up, max(best, key), as (best - new best) + key: two
-                        # additions on the FMA pipe, which the exact fold leaves idle, instead of a maximum
-                        # on the ALU pipe, which it keeps busy (ncu, BENCHMARKS.md 2026-11-29). At least
-                        # the new best (the rounding is monotone), exact if key >= best or key >= best / 2,
-                        # else within 2^-23 of best (``_key_floor``'s EVICTED margin); a bound only, its
-                        # tile bits are not read. Keys are finite, so inf - key + key stays inf. H200,
-                        # exact pass replayed, means of three processes a setting (2026-12-02,
-                        # scripts/diag_second_sums.py): 32,768 x 256, k = 8192, fp32 0.364 -> 0.350 ms,
-                        # bf16 0.329 -> 0.311; 1M x 128, k = 4096, level (3.199 -> 3.210, 2.881 -> 2.897).
-                        # (The lazy tl.dot search's fold was slower with it: 245,760 x 32, k = 1024, bf16
-                        # 0.178 -> 0.191 ms; it keeps the maximum.)
-                        evicted = (best_t - new_best) + key
-                    else:
-                        evicted = gl.maximum(best_t, key)
-                    if CHECK == 2:
-                        # One second-lowest per row over the slots this thread holds (``_thread_min``), not
-                        # one a slot: the record is the same (see ``_search_rows``), in 30 registers fewer.
-                        second_t = gl.minimum(second_t, _thread_min(evicted))
-                    else:
-                        second_t = gl.minimum(second_t, evicted)
+                    evicted = gl.maximum(best_t, key)
+                if CHECK == 2:
+                    # One second-lowest per row over the slots this thread holds (``_thread_min``), not
+                    # one a slot: the record is the same (see ``_search_rows``), in 30 registers fewer.
+                    second_t = gl.minimum(second_t, _thread_min(evicted))
+                else:
+                    second_t = gl.minimum(second_t, evicted)
             best_t = new_best
         else:
             score = acc + gl.expand_dims(bias, 0)
