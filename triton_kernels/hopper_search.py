@@ -90,6 +90,12 @@ __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search",
 #   CHECK) 2.66 / 3.47; on 128-row programs in groups of 2 (one an SM with CHECK) 2.47 / 3.57.
 _FAST_CONFIG = {False: (128, 64, 3, 8, 2), True: (128, 64, 3, 8, 4)}  # by rows of 512 bytes
 _ONE_WARPGROUP_CONFIG = (64, 64, 0, 4, 2)
+# The exact search over 16-bit operands of 128 (padded) features: programs of two warpgroups, two
+# an SM (four stages each, registers capped at 128: ptxas spills 16 bytes). H200, 1M x 128 x 4,096,
+# exact pass replayed, two processes each (2026-12-02, scripts/diag_second_sums.py): fp32 3.198 ->
+# 3.073 ms, bf16 2.874 -> 2.821, against three one-warpgroup programs; one such program an SM
+# (three stages, 148 registers) was slower, 3.334 and 3.081.
+_TWO_WARPGROUP_CHECK_CONFIG = (128, 64, 0, 8, 2)
 _SHARED_BYTES = 226 * 1024  # of the 227 KiB an sm_90 block may use, some left for the barriers
 # Operand rows are padded to a multiple of this (any config's centroid tile divides it).
 _OPERAND_ROWS = 128
@@ -100,7 +106,9 @@ def _config(size: int, d_pad: int = 128, check: bool = False) -> tuple[int, int,
     (``[1]``) must not depend on ``check``: ``tile_bits`` and the packed operands assume it."""
     # TORCHKM_HOPPER_CONFIG=BLOCK_N,BLOCK_K,STAGES,num_warps[,GROUP] (experiments)
     spec = os.environ.get("TORCHKM_HOPPER_CONFIG")
-    if check or size * d_pad > 512:
+    if check and size == 2 and d_pad == 128:
+        base = _TWO_WARPGROUP_CHECK_CONFIG
+    elif check or size * d_pad > 512:
         base = _ONE_WARPGROUP_CONFIG
     else:
         base = _FAST_CONFIG[size * d_pad >= 512]
@@ -116,8 +124,8 @@ def _padded(d: int) -> int:
 
 def _occupancy(size: int, d_pad: int, extra: int, config: tuple[int, int, int, int, int]) -> tuple[int, int]:
     """(centroid stages beside the row tile in shared memory, programs an SM). The config's
-    stages, at most what fits, one program an SM assumed; for 0 (one warpgroup), three programs an
-    SM where each then has room for three stages (its registers capped to fit, ``search``;
+    stages, at most what fits, one program an SM assumed; for 0 (the exact search's programs),
+    three programs an SM where each then has room for three stages (its registers capped to fit, ``search``;
     ``TORCHKM_HOPPER_PROGRAMS=2``: never, experiments), else two with as many stages as fit (at
     most 4), else one with as many as fit."""
     block_n, block_k, stages = config[:3]
@@ -811,7 +819,7 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     # Registers capped so that the programs the shared memory was sized for fit an SM: ptxas takes
     # more unless told (183-194 a thread for one warpgroup with CHECK), and the search fits three
     # one-warpgroup programs' 168 without spilling. Two such programs need no cap; two of two
-    # warpgroups (TORCHKM_HOPPER_CONFIG=128,64,0,8,2, experiments) get 128.
+    # warpgroups (``_TWO_WARPGROUP_CHECK_CONFIG``) get 128.
     registers = 65536 // (programs * warps * 32) // 8 * 8
     options = {"maxnreg": registers} if programs > 1 and registers < 255 else {}
     dtype = _gl_dtype(rows_dtype)

@@ -33,6 +33,25 @@ def searched(monkeypatch):
     return calls
 
 
+def test_exact_programs_by_row_width(monkeypatch):
+    """The exact search's program shapes (what the launch would run, no GPU needed): two programs
+    of two warpgroups an SM over 16-bit operands of 128 padded features, with four stages and 128
+    registers each; three one-warpgroup programs at 64; two at 256. The centroid tile is the fast
+    mode's in each case (the packed keys' tile bits assume it)."""
+    monkeypatch.delenv("TORCHKM_HOPPER_CONFIG", raising=False)
+    monkeypatch.delenv("TORCHKM_HOPPER_PROGRAMS", raising=False)
+    extra = hopper_search.extra_k(torch.bfloat16)
+    for d_pad, block_n, warps, occupancy in ((128, 128, 8, (4, 2)), (64, 64, 4, (3, 3)), (256, 64, 4, (2, 2))):
+        config = hopper_search._config(2, d_pad, check=True)
+        assert (config[0], config[3]) == (block_n, warps)
+        assert config[1] == hopper_search._config(2, d_pad)[1]
+        stages, programs = hopper_search._occupancy(2, d_pad, extra, config)
+        assert (stages, programs) == occupancy
+        assert stages * config[1] * (d_pad + extra) * 2 + block_n * (d_pad + extra) * 2 <= hopper_search._SHARED_BYTES // programs
+    # fp32 rows multiplied as tf32 keep the one-warpgroup programs.
+    assert hopper_search._config(4, 128, check=True) == hopper_search._ONE_WARPGROUP_CONFIG
+
+
 def test_supported_takes_only_rows_the_kernel_handles():
     x32 = torch.zeros(10, 128)
     assert hopper_search.supported(x32, 129, scaled=False, split=False, row_list=False)
