@@ -125,9 +125,9 @@ def _padded(d: int) -> int:
 def _occupancy(size: int, d_pad: int, extra: int, config: tuple[int, int, int, int, int]) -> tuple[int, int]:
     """(centroid stages beside the row tile in shared memory, programs an SM). The config's
     stages, at most what fits, one program an SM assumed; for 0 (the exact search's programs),
-    three programs an SM where each then has room for three stages (its registers capped to fit, ``search``;
-    ``TORCHKM_HOPPER_PROGRAMS=2``: never, experiments), else two with as many stages as fit (at
-    most 4), else one with as many as fit."""
+    three programs an SM where each then has room for three stages (its registers capped to fit,
+    ``search``; ``TORCHKM_HOPPER_PROGRAMS=2``: never, experiments), else two with as many stages
+    as fit (at most 4), else one with as many as fit."""
     block_n, block_k, stages = config[:3]
     row_tile = block_n * (d_pad + extra) * size
     stage = block_k * (d_pad + extra) * size
