@@ -40,7 +40,8 @@ def check(x, c, precision) -> dict:
     n, k = x.shape[0], c.shape[0]
     labels = torch.full((n,), -1, dtype=torch.int64, device=x.device)
     p = AssignPass(x, k, precision, update=True)
-    run(p, x, c.float().contiguous(), x.float().norm(dim=1), labels)
+    c32, norms = c.float().contiguous(), x.float().norm(dim=1)
+    run(p, x, c32, norms, labels)
     rows = torch.randperm(n, device=x.device)[:8192]
     dist = torch.cdist(x[rows].double(), c.double()) ** 2
     two = dist.topk(2, dim=1, largest=False).values
@@ -50,7 +51,7 @@ def check(x, c, precision) -> dict:
     counts = torch.zeros(k, dtype=torch.float64, device=x.device).index_add_(
         0, labels, torch.ones(n, dtype=torch.float64, device=x.device))
     fast_labels = torch.full((n,), -1, dtype=torch.int64, device=x.device)
-    run(AssignPass(x, k, "fast", update=True), x, c.float().contiguous(), x.float().norm(dim=1), fast_labels)
+    run(AssignPass(x, k, "fast", update=True), x, c32, norms, fast_labels)
     differs = (fast_labels != labels).double().mean().item()
     err = ((p.acc_sums.double().sum(0) - sums).abs().max() / sums.abs().max().clamp_min(1e-30)).item()
     return {"labels_off": off, "sums_rel_err": err, "counts_equal": bool(torch.equal(p.acc_counts.double().sum(0), counts)),
