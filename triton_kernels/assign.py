@@ -1935,7 +1935,8 @@ class AssignPass:
                 # chunk's epilogue launch writes its own run of partial slots (``chunk_grid``).
                 self.chunk_rows = hopper_search.chunk_rows(n, max(cfg["BLOCK_N"], 128), device)
                 self.n_chunks = triton.cdiv(n, self.chunk_rows)
-                chunk_tiles = self.chunk_rows // cfg["BLOCK_N"]
+                self.epilogue_shape = _epilogue_shape(cfg, self.update)
+                chunk_tiles = self.chunk_rows // self.epilogue_shape[0]
                 self.chunk_grid = (persistent_grid(chunk_tiles, num_persistent_programs(device))
                                    if self.update == UPDATE_CARRY else chunk_tiles)
                 # Also enough programs for a launch of the tl.dot search (extra ones find no rows).
@@ -2349,7 +2350,9 @@ class AssignPass:
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
             if searched:
-                self._searched_chunks(x, prepared, control, cfg["BLOCK_N"], main, half)
+                block_n, warps = self.epilogue_shape
+                self._searched_chunks(x, prepared, control, block_n, {**main, "BLOCK_N": block_n, "num_warps": warps},
+                                      half)
             elif half:
                 self._half_chunks(x, prepared, cfg["BLOCK_N"], main, spare("searched"))
             else:
@@ -2435,6 +2438,30 @@ class AssignPass:
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
+
+
+def _epilogue_shape(cfg: dict, update: int) -> tuple[int, int]:
+    """(rows per program, warps) of the epilogue launch after the Hopper search (``SEARCHED``).
+
+    Its own shape, not the pass config's (which sizes the tl.dot search's tiles: 128-256 rows of
+    80-163 registers, one to three programs an SM): 64 rows on four warps (72-128 registers), so
+    more programs share an SM and hide the gathers of the winners' centroid rows. H200, fused pass
+    replayed, two processes a setting, ms (2026-12-02, scripts/diag_second_sums.py): 1M x 128,
+    k = 4096, exact fp32 3.073 / 3.087 -> 3.033 / 3.029, bf16 2.823 / 2.815 -> 2.770 / 2.781; fast
+    fp32 2.475 / 2.554 -> 2.436 / 2.452, bf16 2.208 / 2.221 -> 2.174 / 2.205; 32,768 x 256, k = 8192,
+    level (exact fp32 0.357 / 0.353 -> 0.347 / 0.356). 32 rows on 4 or 2 warps: level with 128.
+    ``TORCHKM_EPILOGUE_CONFIG=BLOCK_N,num_warps`` sets it (experiments; rows dividing 128, as the
+    chunks' rows are a multiple of it). The persistent one-hot carry keeps the config's."""
+    if update == UPDATE_CARRY:
+        return cfg["BLOCK_N"], cfg["num_warps"]
+    shape = (64, 4) if cfg["BLOCK_N"] >= 64 else (cfg["BLOCK_N"], cfg["num_warps"])
+    spec = os.environ.get("TORCHKM_EPILOGUE_CONFIG")
+    if spec:
+        rows, warps = (int(v) for v in spec.split(","))
+        if 128 % rows or rows < 16:
+            raise ValueError(f"TORCHKM_EPILOGUE_CONFIG: rows must divide 128 and be at least 16, got {rows}")
+        shape = (rows, warps)
+    return shape
 
 
 def _one_chunk(cfg: dict, k: int, d: int) -> int:

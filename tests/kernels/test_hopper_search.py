@@ -228,6 +228,24 @@ def test_searched_pass_matches_float64(searched, monkeypatch, d, k, chunk):
     assert len(searched) == (3 if chunk else 1), "the pass did not take the search record chunk by chunk"
 
 
+def test_epilogue_shape(monkeypatch):
+    """The epilogue after the search runs 64-row programs of four warps (the tl.dot configs' tiles
+    of 128-256 rows stay with the tl.dot search); the persistent one-hot carry keeps its config's;
+    the switch takes rows dividing 128."""
+    from torchkm._kernels._common import UPDATE_ATOMIC, UPDATE_CARRY
+    from torchkm._kernels.assign import _epilogue_shape
+
+    monkeypatch.delenv("TORCHKM_EPILOGUE_CONFIG", raising=False)
+    assert _epilogue_shape({"BLOCK_N": 256, "num_warps": 8}, UPDATE_ATOMIC) == (64, 4)
+    assert _epilogue_shape({"BLOCK_N": 32, "num_warps": 2}, UPDATE_ATOMIC) == (32, 2)
+    assert _epilogue_shape({"BLOCK_N": 128, "num_warps": 8}, UPDATE_CARRY) == (128, 8)
+    monkeypatch.setenv("TORCHKM_EPILOGUE_CONFIG", "32,2")
+    assert _epilogue_shape({"BLOCK_N": 128, "num_warps": 8}, UPDATE_ATOMIC) == (32, 2)
+    monkeypatch.setenv("TORCHKM_EPILOGUE_CONFIG", "48,4")
+    with pytest.raises(ValueError, match="divide 128"):
+        _epilogue_shape({"BLOCK_N": 128, "num_warps": 8}, UPDATE_ATOMIC)
+
+
 @pytest.mark.parametrize("check", [False, True])
 def test_chunks_bound_the_record(searched, monkeypatch, check):
     monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", "200")
@@ -235,6 +253,7 @@ def test_chunks_bound_the_record(searched, monkeypatch, check):
     p = AssignPass(x, 300, "exact" if check else "fast", update=True)
     # Chunks are whole programs of the epilogue and of the search (128 rows), so 200 -> 256.
     assert p.chunk_rows % 128 == 0 and p.chunk_rows % p.cfg["BLOCK_N"] == 0 and p.chunk_rows >= 200
+    assert p.chunk_rows % p.epilogue_shape[0] == 0 and p.chunk_grid == p.chunk_rows // p.epilogue_shape[0]
     assert p.searched is None  # until a call searches
     p(x, x[:300].clone(), offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None,
       prev_labels=None, labels=torch.empty(1000, dtype=torch.int64, device=DEVICE))
