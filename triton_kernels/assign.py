@@ -2449,7 +2449,8 @@ def _epilogue_shape(cfg: dict, update: int) -> tuple[int, int]:
     replayed, two processes a setting, ms (2026-12-02, scripts/diag_second_sums.py): 1M x 128,
     k = 4096, exact fp32 3.073 / 3.087 -> 3.033 / 3.029, bf16 2.823 / 2.815 -> 2.770 / 2.781; fast
     fp32 2.475 / 2.554 -> 2.436 / 2.452, bf16 2.208 / 2.221 -> 2.174 / 2.205; 32,768 x 256, k = 8192,
-    level (exact fp32 0.357 / 0.353 -> 0.347 / 0.356). 32 rows on 4 or 2 warps: level with 128.
+    level (exact fp32 0.357 / 0.353 -> 0.347 / 0.356). 32 rows on four warps: level with 128; on two,
+    as 64 in fp32 (exact 3.027 / 3.022) but not in bf16 (2.790 / 2.800).
     ``TORCHKM_EPILOGUE_CONFIG=BLOCK_N,num_warps`` sets it (experiments; rows dividing 128, as the
     chunks' rows are a multiple of it). The persistent one-hot carry keeps the config's."""
     if update == UPDATE_CARRY:
