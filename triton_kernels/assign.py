@@ -1898,8 +1898,10 @@ class AssignPass:
             cfg["EAGER"] = bool(cfg.get("EAGER", False) and not cfg["SWAP"])
             self.cfg = cfg
             # Rows of 64-256 features over many centroids on Hopper: the search overlapping its running
-            # minimum with the next product (hopper_search.py), then this config's epilogue alone.
-            # Same rows per program, so the grid and its partial slots do not depend on which ran.
+            # minimum with the next product (hopper_search.py), then the epilogue alone in its own
+            # programs (``_epilogue_shape``). ``main_grid`` covers the more numerous launch, the
+            # epilogue's or the tl.dot search's (extra programs find no rows), so every partial slot
+            # is written whichever ran.
             # The exact mode everywhere it applies; the fast mode for fp32 and packed bf16 rows (fp16:
             # the tl.dot search measured as fast). With its configs by row width (kernels v14; H200,
             # diag_hopper_search.py, fused pass, Hopper / tl.dot ms): 32,768 x 256, k = 8192, fp32
@@ -2074,14 +2076,15 @@ class AssignPass:
             self.part_inertia.zero_()
             self.part_changed.zero_()
 
-    def _searched_chunks(self, x: torch.Tensor, prepared: Any, control: torch.Tensor | None, block_n: int,
-                         main: dict[str, Any], half: bool = False) -> None:
+    def _searched_chunks(self, x: torch.Tensor, prepared: Any, control: torch.Tensor | None, main: dict[str, Any],
+                         half: bool = False) -> None:
         """The Hopper search and the epilogue over it, chunk by chunk. With ``overlap``, chunk i's
         search runs on side stream i % 2 into record i % 2, once the epilogue that read that record
         (chunk i - 2's) is done: a search can start while the previous one drains and the
         epilogue runs. The caller's stream waits for every search it reads, so all work has joined
-        it on return (also under CUDA graph capture). ``half``: the search scales each row tile into
-        fp16 as it loads it, and the epilogue scales the record back."""
+        it on return (also under CUDA graph capture). ``main``: the epilogue launch's arguments, its
+        rows per program in ``BLOCK_N``. ``half``: the search scales each row tile into fp16 as it
+        loads it, and the epilogue scales the record back."""
         if self.searched is None:
             self.searched = torch.empty(2 if self.overlap else 1, hopper_search.record_rows(self.check),
                                         self.chunk_rows, dtype=torch.float32, device=x.device)
@@ -2117,7 +2120,7 @@ class AssignPass:
                                      half_scale=half_scale)
             launcher(_assign_kernel)[(self.chunk_grid,)](
                 x, prepared.c_mma, searched_ptr=record, SEARCHED=True, part_base=chunk * self.chunk_grid,
-                tile_offset=start // block_n, searched_stride=self.chunk_rows, **main,
+                tile_offset=start // main["BLOCK_N"], searched_stride=self.chunk_rows, **main,
             )
             if self.overlap:
                 read.append(caller.record_event())
@@ -2351,8 +2354,7 @@ class AssignPass:
             )
             if searched:
                 block_n, warps = self.epilogue_shape
-                self._searched_chunks(x, prepared, control, block_n, {**main, "BLOCK_N": block_n, "num_warps": warps},
-                                      half)
+                self._searched_chunks(x, prepared, control, {**main, "BLOCK_N": block_n, "num_warps": warps}, half)
             elif half:
                 self._half_chunks(x, prepared, cfg["BLOCK_N"], main, spare("searched"))
             else:
