@@ -223,7 +223,9 @@ def chunk_rows(n: int, step: int, device: torch.device) -> int:
     chunk at a time, so that the record is O(chunk) rather than O(n) (7 x 4 bytes a row: 2.8 GB at
     100M rows). 8 waves of the search's programs (one per SM, as its shared memory allows; 3.8 MB
     of record on an H200), rounded up to a multiple of ``step`` (the epilogue's rows per program); at most n rounded up. ``TORCHKM_HOPPER_CHUNK_ROWS``
-    sets the rows (tests, experiments)."""
+    sets the rows (tests, experiments). (32 waves for the exact mode, H200, 1M x 128 x 4,096: its
+    pass 1.3-1.6 % faster, not seen per Lloyd iteration, the fp32 fast pass up to 18 % slower, and
+    a bf16 fit's peak memory over ``tests/test_cuda.py``'s bound; BENCHMARKS.md 2026-12-02.)"""
     spec = os.environ.get("TORCHKM_HOPPER_CHUNK_ROWS")
     if spec:
         rows = int(spec)
