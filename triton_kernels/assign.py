@@ -112,6 +112,7 @@ from .configs import (
     candidate_config,
     candidate_exact_config,
     exact_as_tf32x3,
+    lazy_register_cap,
     num_persistent_programs,
     small_d_launch,
 )
@@ -2352,6 +2353,10 @@ class AssignPass:
                 PRECISION=("tf32" if x.dtype == torch.float32 and not half else "ieee") if self.fast else self.precision,
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
+            # (Over row lists, the bounds engine's passes, not measured: uncapped.)
+            cap = lazy_register_cap(self.check, x.dtype) if lazy_bits and rows is None else None
+            if cap:
+                main["maxnreg"] = cap
             if searched:
                 block_n, warps = self.epilogue_shape
                 self._searched_chunks(x, prepared, control, {**main, "BLOCK_N": block_n, "num_warps": warps}, half)

@@ -21,7 +21,8 @@ for every call instead of reusing one per shape; see ``assign._reusable_key``) a
 CUDA graph; see ``assign._KeptPass``) and ``TORCHKM_ONEHOT_SUMS=ieee`` (the one-hot sums of few
 clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums``) and
 ``TORCHKM_LAZY_KEYS`` (``1``/``0``: packed keys in the lazy search from 2 centroid tiles / never;
-see ``assign.AssignPass._lazy_bits``).
+see ``assign.AssignPass._lazy_bits``) and ``TORCHKM_ASSIGN_MAXNREG`` (that search's register caps,
+see ``lazy_register_cap``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import os
 import torch
 import triton
 
-__all__ = ["FEW_ROWS", "assign_config", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "num_persistent_programs", "settle_config", "small_d_launch",
+__all__ = ["FEW_ROWS", "assign_config", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch",
            "update_config"]
 
 
@@ -224,6 +225,28 @@ def candidate_chunks(k: int) -> tuple[int, int]:
     chunks = max(1, min(most, triton.cdiv(k, 128)))
     chunk = triton.cdiv(triton.cdiv(k, chunks), 128) * 128
     return chunk, triton.cdiv(k, chunk)
+
+
+def lazy_register_cap(exact: bool, dtype: torch.dtype) -> int | None:
+    """Registers a thread (ptxas' ``maxnreg``) of the lazy search with packed keys (``assign._tile``,
+    ``LAZY_BITS``), or None: uncapped. That loop is bound by latency with four programs an SM
+    (ncu, 245,760 x 32, k = 1,024, 2026-11-28: no eligible warp in 41 % of cycles, occupancy
+    limited by registers); capped, more programs share an SM, and ptxas' spills stay outside the
+    loop (sm_90 SASS, Triton 3.6). Exact over fp32 rows: 105-107 -> 80 registers, six programs an
+    SM instead of four; fast: 143-164 -> 128, four instead of three. H200, fused pass replayed,
+    four processes a setting over two calls, ms (2026-12-02, scripts/diag_second_sums.py;
+    BENCHMARKS.md): 245,760 x 32 x 1,024 exact fp32 0.190-0.194 -> 0.183, fast fp32 0.113 ->
+    0.110-0.112, fast bf16 0.095-0.097 -> 0.089-0.090; 3.9M x 32 x 1,024 exact fp32 2.741 / 2.746
+    -> 2.613 / 2.605, fast bf16 1.333 / 1.336 -> 1.265 / 1.261. The exact search over 16-bit rows did not move at 80 (0.177 both
+    ways), 96 or 88, so it stays uncapped; 72 and 96 (exact, fast) were no faster.
+    ``TORCHKM_ASSIGN_MAXNREG=EXACT,FAST`` sets both caps (0: uncapped; experiments)."""
+    spec = os.environ.get("TORCHKM_ASSIGN_MAXNREG")
+    if spec:
+        caps = [int(v) for v in spec.split(",")]
+        return (caps[0] if exact else caps[-1]) or None
+    if not exact:
+        return 128
+    return 80 if dtype == torch.float32 else None
 
 
 def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:

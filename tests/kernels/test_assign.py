@@ -1180,7 +1180,8 @@ def test_packed_lazy_keys_keep_the_labels_and_the_lowest_index_on_ties(monkeypat
     mean = x.mean(0) if offset else None
     cs = c - mean if offset else c
     xs = x - mean if offset else x
-    config = _search_config("lazy", d)
+    # The whole row in one feature chunk: packed keys need it (``AssignPass._lazy_bits``).
+    config = {**_search_config("lazy", d), "BLOCK_D": 32}
     got = {}
     for lazy in ("0", "1"):
         monkeypatch.setenv("TORCHKM_LAZY_KEYS", lazy)
@@ -1188,5 +1189,46 @@ def test_packed_lazy_keys_keep_the_labels_and_the_lowest_index_on_ties(monkeypat
         assert int(out.labels[0]) == 2 and int(out.labels[1]) == 5
         _check_labels(xs, cs, out.labels, precision)
         got[lazy] = out.labels.cpu()
+    if precision == "exact":
+        assert torch.equal(got["0"], got["1"])
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_packed_lazy_search_launches_with_its_register_cap(monkeypatch, precision):
+    """The packed lazy search is launched with ``configs.lazy_register_cap``'s ``maxnreg`` (fp32 rows:
+    80 exact, 128 fast), and gives the same labels as uncapped; the compare-and-select search
+    (``TORCHKM_LAZY_KEYS=0``) is launched uncapped."""
+    import torchkm._kernels.assign as assign_module
+
+    launches = []
+    real = assign_module.launcher
+
+    def recording(kernel):
+        launch = real(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                def call(*args, **kwargs):
+                    if kernel is assign_module._assign_kernel:
+                        launches.append((kwargs.get("LAZY_BITS", 0), kwargs.get("maxnreg")))
+                    return launch[grid](*args, **kwargs)
+                return call
+        return Grid()
+
+    monkeypatch.setattr(assign_module, "launcher", recording)
+    n, d, k = 150, 17, 70
+    x, c = _data(n, d, k, seed=31)
+    got = {}
+    for lazy in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_LAZY_KEYS", lazy)
+        launches.clear()
+        got[lazy] = assign(x, c, precision=precision, raw_norms=x.norm(dim=1),
+                           config={**_search_config("lazy", d), "BLOCK_D": 32}).labels.cpu()
+        searches = [launch for launch in launches if launch[0]]
+        if lazy == "1":
+            assert searches and all(cap == (80 if precision == "exact" else 128) for _, cap in searches)
+        else:
+            assert not searches and all(cap is None for _, cap in launches)
+    _check_labels(x, c, got["1"].to(x.device), precision)
     if precision == "exact":
         assert torch.equal(got["0"], got["1"])

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from torchkm._kernels.configs import CANDIDATE_CHUNKS, candidate_chunks, candidate_exact_config
+import torch
+from torchkm._kernels.configs import CANDIDATE_CHUNKS, candidate_chunks, candidate_exact_config, lazy_register_cap
 
 
 @pytest.mark.parametrize("k", [1, 2, 100, 128, 129, 1000, 4096, 8192, 8193, 65_536, 1_000_000])
@@ -61,3 +62,14 @@ def test_short_rows_take_lazy_narrow_tiles_and_two_warps_over_few_centroids(k, d
     assert (_one_chunk(cfg, k, d) == 2) == (d == cfg["BLOCK_D"] and k % cfg["BLOCK_K"] == 0)
     if d == 32 and k in (32, 64, 1024):
         assert _one_chunk(cfg, k, d) == 2
+
+
+def test_lazy_register_cap(monkeypatch):
+    """The packed lazy search's register caps: 80 for the exact mode over fp32 rows, none over
+    16-bit rows (not faster capped), 128 for the fast mode; the switch sets both, 0 for none."""
+    monkeypatch.delenv("TORCHKM_ASSIGN_MAXNREG", raising=False)
+    assert lazy_register_cap(True, torch.float32) == 80
+    assert lazy_register_cap(True, torch.bfloat16) is None and lazy_register_cap(True, torch.float16) is None
+    assert lazy_register_cap(False, torch.float32) == 128 == lazy_register_cap(False, torch.bfloat16)
+    monkeypatch.setenv("TORCHKM_ASSIGN_MAXNREG", "96,0")
+    assert lazy_register_cap(True, torch.bfloat16) == 96 and lazy_register_cap(False, torch.float32) is None
