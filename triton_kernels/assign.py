@@ -2172,11 +2172,13 @@ class AssignPass:
         # TORCHKM_EXACT_BOUND=gap (experiments): the whole gap in raw-row units (``gap_bound_coefficient``).
         # fp32 rows of at most 32 features keep it too: there the epilogue sets the pace and the
         # distance bound's (every row's second distance, ||x||^2) cost more than the re-search it
-        # saves (H200, 245,760 x 32, k = 1024: 0.230 -> 0.248 ms per pass).
+        # saves (H200, 245,760 x 32, k = 1024: 0.230 -> 0.248 ms per pass, 2026-11-22, before the
+        # lazy search's packed keys; TORCHKM_EXACT_BOUND=distance takes the distance bound there,
+        # to measure it again).
         if not self.check:
             return {"bound_coef": 0.0, "bias_coef": 0.0, "DISTANCE_BOUND": False}
-        if (scaled or (dtype == torch.float32 and d <= 32)
-                or os.environ.get("TORCHKM_EXACT_BOUND", "distance") == "gap"):
+        setting = os.environ.get("TORCHKM_EXACT_BOUND", "auto")
+        if scaled or setting == "gap" or (setting != "distance" and dtype == torch.float32 and d <= 32):
             return {"bound_coef": gap_bound_coefficient(dtype, d, split=self.split), "bias_coef": 0.0,
                     "DISTANCE_BOUND": False}
         # The packed Hopper search sums 6 more terms into each score (its bias and the row's term,

@@ -5,7 +5,8 @@ The table was set from sweeps on an H200 and an H100 (benchmarks/bench_lloyd.py 
 ``TORCHKM_RECHECK_CONFIG`` (same format) the exact mode's re-search, whose centroid chunks
 ``TORCHKM_RESEARCH_CHUNKS`` sets (default 16 with the candidate re-search, else 8; see ``assign.AssignPass``). Also for experiments:
 ``TORCHKM_BF16_SPLIT`` (``1``/``0``: bf16 centroids as hi + lo parts or not),
-``TORCHKM_EXACT_BOUND=gap`` (the exact mode's bound on the whole gap instead of the distance bound),
+``TORCHKM_EXACT_BOUND=gap`` / ``distance`` (the exact mode's bound on the whole gap instead of the
+distance bound / the distance bound also for fp32 rows of at most 32 features),
 ``TORCHKM_CANDIDATE_CONFIG`` (the candidate re-search's tiles, see ``candidate_config``),
 ``TORCHKM_CANDIDATE_CHUNKS`` (its centroid chunks without lists, see ``candidate_chunks``),
 ``TORCHKM_CANDIDATE_EXACT_CONFIG`` (its direct distances' tiles, see ``candidate_exact_config``),

@@ -1232,3 +1232,21 @@ def test_packed_lazy_search_launches_with_its_register_cap(monkeypatch, precisio
     _check_labels(x, c, got["1"].to(x.device), precision)
     if precision == "exact":
         assert torch.equal(got["0"], got["1"])
+
+
+@pytest.mark.parametrize("setting", ["auto", "distance", "gap"])
+def test_exact_bound_switch_for_short_fp32_rows(monkeypatch, setting):
+    """fp32 rows of at most 32 features take the gap bound unless ``TORCHKM_EXACT_BOUND=distance``
+    (which only experiments set); scaled (cosine) rows take it whatever the switch. Either bound
+    gives the float64 labels, through the packed lazy search (k = 1,024, whole tiles)."""
+    from torchkm._kernels.assign import AssignPass
+
+    monkeypatch.setenv("TORCHKM_EXACT_BOUND", setting)
+    n, d, k = 97, 32, 1024
+    x, c = _data(n, d, k, seed=41)
+    p = AssignPass(x, k, "exact", update=False)
+    assert bool(p._bound_arguments(torch.float32, d, False)["DISTANCE_BOUND"]) == (setting == "distance")
+    assert not p._bound_arguments(torch.float32, d, True)["DISTANCE_BOUND"]
+    assert bool(p._bound_arguments(torch.float32, 33, False)["DISTANCE_BOUND"]) == (setting != "gap")
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1))
+    _check_labels(x, c, out.labels, "exact")
