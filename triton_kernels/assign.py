@@ -2355,8 +2355,9 @@ class AssignPass:
                 PRECISION=("tf32" if x.dtype == torch.float32 and not half else "ieee") if self.fast else self.precision,
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
             )
-            # (Over row lists, the bounds engine's passes, not measured: uncapped.)
-            cap = lazy_register_cap(self.check, x.dtype) if lazy_bits and rows is None else None
+            # Where measured: rows of at most 32 features, no row list (the bounds engine's passes).
+            measured = lazy_bits and rows is None and cfg["BLOCK_D"] <= 32
+            cap = lazy_register_cap(self.check, x.dtype) if measured else None
             if cap:
                 main["maxnreg"] = cap
             if searched:

@@ -230,7 +230,8 @@ def candidate_chunks(k: int) -> tuple[int, int]:
 
 def lazy_register_cap(exact: bool, dtype: torch.dtype) -> int | None:
     """Registers a thread (ptxas' ``maxnreg``) of the lazy search with packed keys (``assign._tile``,
-    ``LAZY_BITS``), or None: uncapped. That loop is bound by latency with four programs an SM
+    ``LAZY_BITS``) over rows of at most 32 features and no row list (``AssignPass`` caps only
+    those launches: where it was measured), or None: uncapped. That loop is bound by latency with four programs an SM
     (ncu, 245,760 x 32, k = 1,024, 2026-11-28: no eligible warp in 41 % of cycles, occupancy
     limited by registers); capped, more programs share an SM, and ptxas' spills stay outside the
     loop (sm_90 SASS, Triton 3.6). Exact over fp32 rows: 105-107 -> 80 registers, six programs an

@@ -47,13 +47,14 @@ def _check_labels(x, c, labels, precision, input_dtype=None):
 
 
 def _search_config(search: str, d: int) -> dict:
-    """Small tiles; "swap" (the transposed search) needs the whole row in one feature chunk."""
-    if search == "swap":
-        return {**SMALL_TILES, "EAGER": False, "SWAP": True, "BLOCK_D": max(16, 1 << (d - 1).bit_length())}
+    """Small tiles; "swap" (the transposed search) needs the whole row in one feature chunk, and so
+    does "lazy1" (the lazy search over rows in one chunk: packed keys from 16 centroid tiles)."""
+    if search in ("swap", "lazy1"):
+        return {**SMALL_TILES, "EAGER": False, "SWAP": search == "swap", "BLOCK_D": max(16, 1 << (d - 1).bit_length())}
     return {**SMALL_TILES, "EAGER": search == "eager"}
 
 
-@pytest.mark.parametrize("search", ["lazy", "eager", "swap"])
+@pytest.mark.parametrize("search", ["lazy", "lazy1", "eager", "swap"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("d", [1, 3, 17, 129])
 @pytest.mark.parametrize("k", [1, 7, 1000])
