@@ -85,5 +85,6 @@ def main() -> None:
         parted += int((a != b).sum())
     print(f"shift {args.shift}: labels differ on {parted} of {n * args.seeds} rows")
 
+
 if __name__ == "__main__":
     main()

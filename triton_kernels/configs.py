@@ -230,18 +230,19 @@ def candidate_chunks(k: int) -> tuple[int, int]:
 
 def lazy_register_cap(exact: bool, dtype: torch.dtype) -> int | None:
     """Registers a thread (ptxas' ``maxnreg``) of the lazy search with packed keys (``assign._tile``,
-    ``LAZY_BITS``) over rows of at most 32 features and no row list (``AssignPass`` caps only
-    those launches: where it was measured), or None: uncapped. That loop is bound by latency with four programs an SM
-    (ncu, 245,760 x 32, k = 1,024, 2026-11-28: no eligible warp in 41 % of cycles, occupancy
-    limited by registers); capped, more programs share an SM, and ptxas' spills stay outside the
-    loop (sm_90 SASS, Triton 3.6). Exact over fp32 rows: 105-107 -> 80 registers, six programs an
-    SM instead of four; fast: 143-164 -> 128, four instead of three. H200, fused pass replayed,
-    four processes a setting over two calls, ms (2026-12-02, scripts/diag_second_sums.py;
+    ``LAZY_BITS``), or None: uncapped. ``AssignPass`` caps only where this was measured: rows of at
+    most 32 features, no row list. That loop is bound by latency with four programs an SM (ncu,
+    245,760 x 32, k = 1,024, 2026-11-28: no eligible warp in 41 % of cycles, occupancy limited by
+    registers); capped, more programs share an SM, and ptxas' spills stay outside the loop (sm_90
+    SASS, Triton 3.6). Exact over fp32 rows: 105-107 -> 80 registers, six programs an SM instead
+    of four; fast: 143-164 -> 128, four instead of three. H200, fused pass replayed, four
+    processes a setting over two calls, ms (2026-12-02, scripts/diag_second_sums.py;
     BENCHMARKS.md): 245,760 x 32 x 1,024 exact fp32 0.190-0.194 -> 0.183, fast fp32 0.113 ->
     0.110-0.112, fast bf16 0.095-0.097 -> 0.089-0.090; 3.9M x 32 x 1,024 exact fp32 2.741 / 2.746
-    -> 2.613 / 2.605, fast bf16 1.333 / 1.336 -> 1.265 / 1.261. The exact search over 16-bit rows did not move at 80 (0.177 both
-    ways), 96 or 88, so it stays uncapped; 72 and 96 (exact, fast) were no faster.
-    ``TORCHKM_ASSIGN_MAXNREG=EXACT,FAST`` sets both caps (0: uncapped; experiments)."""
+    -> 2.613 / 2.605, fast bf16 1.333 / 1.336 -> 1.265 / 1.261. The exact search over 16-bit rows
+    did not move at 80 (0.177 both ways), 96 or 88, so it stays uncapped; 72 and 96 (exact, fast)
+    were no faster. ``TORCHKM_ASSIGN_MAXNREG=EXACT,FAST`` sets both caps (0: uncapped;
+    experiments)."""
     spec = os.environ.get("TORCHKM_ASSIGN_MAXNREG")
     if spec:
         caps = [int(v) for v in spec.split(",")]
