@@ -136,8 +136,11 @@ def _tile(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
+    x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
+    tl.static_assert(not PREFETCH or (ONE_CHUNK and UPDATE == 3 and not HAS_ROW_INDEX and not SEARCHED and not HALF),
+                     "a tile loaded ahead (``_assign_programs``): whole rows in one chunk, carried sums")
     # The lazy searches (and the Hopper search's record) also name a third candidate (``label3``,
     # -1 for none) and bound every other score (``fourth``): under the distance bound, a row whose
     # third could beat the winner compares it directly and is re-searched only if the rest could.
@@ -203,13 +206,17 @@ def _tile(
             second_t = tl.full((BLOCK_N, BLOCK_K), float("inf"), tl.float32)
     if ONE_CHUNK:
         # The whole row fits one chunk: load and transform it once for all centroid tiles.
+        if PREFETCH:
+            x_raw = x_pre
+        else:
+            x_raw = tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
+                            mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
         if RAW_MMA:
-            x_once = tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
-                             mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
+            x_once = x_raw
         else:
             x_once = transform_rows(
-                tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd, mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0),
-                row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+                x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0), scale,
+                HAS_OFFSET, HAS_SCALE).to(mma_dtype)
         if SWAP:
             x_once_t = tl.trans(x_once)
         if LAZY_BITS > 0:
@@ -505,7 +512,9 @@ def _tile(
             resolve = row_mask & (second - best <= bound)
             flag = row_mask & (third - best <= bound)
 
-    if HAS_WEIGHT:
+    if PREFETCH == 2 and HAS_WEIGHT:
+        w = w_pre
+    elif HAS_WEIGHT:
         w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0)
     else:
         w = tl.full((BLOCK_N,), 1.0, tl.float32)
@@ -626,28 +635,47 @@ def _tile(
         if UPDATE == 4:
             prev64 = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int64)
             moved = done & (prev64 != label64)
-        for d0 in range(0, d, EPI_D):
-            dims = d0 + epi_dims
-            dim_mask = dims < d
-            xr = transform_rows(
-                tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
-                row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
-            cr = tl.load(c32_ptr + label64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
+        if PREFETCH:
+            # The tile loaded ahead holds the whole rows: they are not read again.
+            xr = transform_rows(x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0),
+                                scale, HAS_OFFSET, HAS_SCALE)
+            cr = tl.load(c32_ptr + label64[:, None] * d + dims0[None, :], mask=row_mask[:, None] & (dims0 < d)[None, :],
                          other=0.0)
             diff = xr - cr
             sq_dist += tl.sum(diff * diff, axis=1)
-            if UPDATE == 1 or UPDATE == 2:
-                accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
-                                dim_mask, d0 == 0, k, d, KP, UPDATE)
-            if UPDATE == 4:
-                move_rows(sums_ptr, counts_ptr, label64, prev64, w, moved, xr, dims, dim_mask, d0 == 0, d)
+        else:
+            for d0 in range(0, d, EPI_D):
+                dims = d0 + epi_dims
+                dim_mask = dims < d
+                xr = transform_rows(
+                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=row_mask[:, None] & dim_mask[None, :], other=0.0),
+                    row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
+                cr = tl.load(c32_ptr + label64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
+                             other=0.0)
+                diff = xr - cr
+                sq_dist += tl.sum(diff * diff, axis=1)
+                if UPDATE == 1 or UPDATE == 2:
+                    accumulate_rows(sums_ptr + replica * k * d, counts_ptr + replica * k, label64, w, done, xr, dims,
+                                    dim_mask, d0 == 0, k, d, KP, UPDATE)
+                if UPDATE == 4:
+                    move_rows(sums_ptr, counts_ptr, label64, prev64, w, moved, xr, dims, dim_mask, d0 == 0, d)
     if UPDATE == 3:
-        acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
-                                           stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
+        if PREFETCH:
+            tl.static_assert(DP == BLOCK_D, "the carried sums take the tile loaded ahead as it is")
+            acc_sums, acc_counts = carry_rows(
+                acc_sums, acc_counts, label64, w,
+                transform_rows(x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0),
+                               scale, HAS_OFFSET, HAS_SCALE), KP)
+        else:
+            acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
+                                               stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
     # prev is read before labels are written, and deferred rows are written only by the re-search,
     # so labels may overwrite prev_labels in place.
     if HAS_PREV:
-        prev = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int32)
+        if PREFETCH == 2:
+            prev = prev_pre.to(tl.int32)
+        else:
+            prev = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int32)
         changed = tl.sum((done & (prev != label)).to(tl.int64), axis=0)
     else:
         changed = tl.sum(done.to(tl.int64), axis=0)
@@ -1162,7 +1190,7 @@ def _assign_kernel(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
-    HAS_CONTROL: tl.constexpr,
+    HAS_CONTROL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
@@ -1175,7 +1203,7 @@ def _assign_kernel(
                          n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PREFETCH)
 
 
 @triton.jit
@@ -1191,6 +1219,7 @@ def _assign_programs(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -1213,7 +1242,42 @@ def _assign_programs(
     else:
         row_count = 0
         n_tiles = tl.cdiv(n, BLOCK_N)
-    if HAS_ROW_INDEX or UPDATE == 3:
+    if PREFETCH:
+        # Few clusters (carried sums) over whole rows: each tile's rows are loaded while the tile
+        # before them is searched, as a program walks its tiles one after another and its loop is
+        # not pipelined (it holds the search's own loops).
+        programs = tl.num_programs(0)
+        dims0 = tl.arange(0, BLOCK_D)
+        next_rows = (tl.zeros((BLOCK_N,), tl.int64) + pid) * BLOCK_N + tl.arange(0, BLOCK_N)
+        x_next = tl.load(x_ptr + next_rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
+                         mask=(next_rows < n)[:, None] & (dims0 < d)[None, :], other=0.0)
+        # The previous labels and the weights too (a fit's passes read both). A tile's previous labels
+        # are read before any program writes that tile's labels: tile t + programs is this program's
+        # own next tile, so labels may still overwrite prev_labels in place.
+        ahead: tl.constexpr = PREFETCH == 2
+        prev_next = tl.load(prev_ptr + next_rows, mask=(next_rows < n) & HAS_PREV & ahead, other=0)
+        w_next = tl.load(weight_ptr + next_rows, mask=(next_rows < n) & HAS_WEIGHT & ahead, other=0.0)
+        for t in range(pid, n_tiles, programs):
+            x_tile = x_next
+            prev_tile = prev_next
+            w_tile = w_next
+            next_rows += programs * BLOCK_N
+            x_next = tl.load(x_ptr + next_rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
+                             mask=(next_rows < n)[:, None] & (dims0 < d)[None, :], other=0.0)
+            prev_next = tl.load(prev_ptr + next_rows, mask=(next_rows < n) & HAS_PREV & ahead, other=0)
+            w_next = tl.load(weight_ptr + next_rows, mask=(next_rows < n) & HAS_WEIGHT & ahead, other=0.0)
+            i, c, acc_sums, acc_counts = _tile(
+                t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
+                c_norm_ptr, row_index_ptr, row_count, tile_offset, searched_stride,
+                labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
+                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
+                BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
+                STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH)
+            inertia += i
+            changed += c
+        flush_carry(sums_ptr + replica * k * d, counts_ptr + replica * k, acc_sums, acc_counts, k, d, KP, DP)
+    elif HAS_ROW_INDEX or UPDATE == 3:
         for t in range(pid, n_tiles, tl.num_programs(0)):
             i, c, acc_sums, acc_counts = _tile(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
@@ -1222,7 +1286,7 @@ def _assign_programs(
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -1235,7 +1299,7 @@ def _assign_programs(
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -2353,8 +2417,14 @@ class AssignPass:
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
                 PRECISION=("tf32" if x.dtype == torch.float32 and not half else "ieee") if self.fast else self.precision,
-                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
+                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, **cfg,
+                **common,
             )
+            # Few clusters (carried sums), whole rows in one chunk: each program loads its next tile
+            # ahead (``_carry_prefetch``).
+            if (main["UPDATE"] == UPDATE_CARRY and rows is None and not searched and not half and main["ONE_CHUNK"] > 0
+                    and cfg["BLOCK_D"] == carry_width(d)):
+                main["PREFETCH"] = _carry_prefetch(self.fast and x.dtype == torch.float32)
             # Where measured: rows of at most 32 features, no row list (the bounds engine's passes).
             measured = lazy_bits and rows is None and cfg["BLOCK_D"] <= 32
             cap = lazy_register_cap(self.check, x.dtype) if measured else None
@@ -2446,7 +2516,8 @@ class AssignPass:
                 half_ptr=spare("half"), xh_ptr=spare("xh", torch.float16), HALF=False, SPLIT=False,
                 part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
-                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), **cfg, **common,
+                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, **cfg,
+                **common,
             )
 
 
@@ -2473,6 +2544,26 @@ def _epilogue_shape(cfg: dict, update: int) -> tuple[int, int]:
             raise ValueError(f"TORCHKM_EPILOGUE_CONFIG: rows must divide 128 and be at least 16, got {rows}")
         shape = (rows, warps)
     return shape
+
+
+def _carry_prefetch(fast_fp32: bool) -> int:
+    """``_tile``'s PREFETCH for a pass of carried sums (few clusters) over whole rows: 1 when each
+    program loads its next tile of rows while it searches the current one, 2 when it loads the
+    tile's previous labels and weights ahead too, 0 when it loads nothing ahead.
+
+    H200, 2026-12-02. The fused pass replayed (no previous labels), 3.9M x 32, k = 32, ms, 0 -> 1:
+    exact fp32 0.740 / 0.738 -> 0.663 / 0.658 (two calls), fast fp32 0.588 / 0.590 -> 0.506 /
+    0.506, exact bf16 0.684 / 0.686 -> 0.611 / 0.616, fast bf16 (64-row tiles, ``assign_config``)
+    0.503 -> 0.403; 245,760 x 32: 0.051 -> 0.048, 0.044 -> 0.039, 0.051 -> 0.046, 0.038 -> 0.032.
+    Per Lloyd iteration of a fit (previous labels read), 3.9M x 32, k = 32, ms, 0 / 1 / 2: exact
+    fp32 0.873 / 0.826 / 0.743, fast fp32 0.609 / 0.543 / 0.629, exact bf16 0.956 / 0.742 / 0.750,
+    fast bf16 0.548 / 0.463 / 0.432 (``bench_lloyd``, three calls). So 2, but 1 for the fast mode
+    over fp32 rows. More programs an SM under a register cap spilled and were slower.
+    ``TORCHKM_CARRY_PREFETCH=0``, ``1`` or ``2`` sets it (experiments, tests)."""
+    setting = os.environ.get("TORCHKM_CARRY_PREFETCH", "auto")
+    if setting in ("0", "1", "2"):
+        return int(setting)
+    return 1 if fast_fp32 else 2
 
 
 def _one_chunk(cfg: dict, k: int, d: int) -> int:

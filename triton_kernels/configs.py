@@ -116,10 +116,12 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
             # and 4 warps, 2 and 3 stages): exact fp32 (3xTF32, ``exact_as_tf32x3``) 0.062 ->
             # 0.050 and 0.837 -> 0.742; exact bf16 0.056 -> 0.051 and 0.733 -> 0.688; fast fp32
             # 0.050 -> 0.045 and 0.641 -> 0.592; fast bf16 0.056 -> 0.039 and 0.776 -> 0.487.
+            # Since each program loads its next tile ahead (``AssignPass``, 2026-12-02), fast bf16
+            # takes 64-row tiles: 128 spill 744 bytes with the tile ahead, and 3.9M x 32, k = 32
+            # went 0.487 -> 0.403 ms (245,760 rows 0.038 -> 0.032) against 0.540 (0.042) at 128.
             if exact:
                 return _config(32 if operand_bytes == 4 else 64, min(32, k_tile), d_pad, 2, 2, False)
-            return _config(64, min(32, k_tile), d_pad, 2, 3, False) if operand_bytes == 4 else \
-                _config(128, min(32, k_tile), d_pad, 2, 2, False)
+            return _config(64, min(32, k_tile), d_pad, 2, 3 if operand_bytes == 4 else 2, False)
         if exact:
             return _config(128, min(32, k_tile), d_pad, 4, 2, False)
         if operand_bytes == 4:

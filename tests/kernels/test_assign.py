@@ -1251,3 +1251,73 @@ def test_exact_bound_switch_for_short_fp32_rows(monkeypatch, setting):
     assert bool(p._bound_arguments(torch.float32, 33, False)["DISTANCE_BOUND"]) == (setting != "gap")
     out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1))
     _check_labels(x, c, out.labels, "exact")
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("d,k", [(17, 7), (32, 32)])
+def test_carried_pass_loads_each_tile_ahead(monkeypatch, precision, d, k):
+    """Few clusters over whole rows (carried sums): each persistent program loads its next tile of
+    rows (and with ``2`` its previous labels and weights) while it searches the current one, and
+    takes the rows' distances and sums from that tile.
+    Same labels and changed count as the pass that reads the rows itself (``TORCHKM_CARRY_PREFETCH=0``),
+    and its sums, counts and distances but for rounding, on weighted, centred rows with previous
+    labels, whose last tile is partial and whose programs walk several tiles (300 rows: 10 tiles
+    over 4 programs under the interpreter)."""
+    import torchkm._kernels.assign as assign_module
+
+    launches = []
+    real = assign_module.launcher
+
+    def recording(kernel):
+        launch = real(kernel)
+
+        class Grid:
+            def __getitem__(self, grid):
+                def call(*args, **kwargs):
+                    if kernel is assign_module._assign_kernel:
+                        launches.append(kwargs.get("PREFETCH", 0))
+                    return launch[grid](*args, **kwargs)
+                return call
+        return Grid()
+
+    monkeypatch.setattr(assign_module, "launcher", recording)
+    n = 300
+    x, c = _data(n, d, k, seed=53)
+    g = torch.Generator().manual_seed(54)
+    w = torch.rand(n, generator=g).to(DEVICE)
+    offset = torch.randn(d, generator=g).to(DEVICE)
+    prev = torch.randint(0, k, (n,), generator=g).to(DEVICE)
+    got = {}
+    for setting in ("2", "1", "0"):
+        monkeypatch.setenv("TORCHKM_CARRY_PREFETCH", setting)
+        launches.clear()
+        sums = torch.zeros(k, d, device=DEVICE)
+        counts = torch.zeros(k, device=DEVICE)
+        out = assign(x, c, precision=precision, offset=offset, raw_norms=x.norm(dim=1), sample_weight=w,
+                     prev_labels=prev, sums=sums, counts=counts, config=_search_config("lazy1", d))
+        assert launches == [int(setting)]
+        got[setting] = (out.labels.cpu(), sums.cpu(), counts.cpu(), out.sq_dist.cpu(), int(out.changed))
+    _check_labels(x - offset, c, got["0"][0].to(DEVICE), precision)
+    assert got["0"][4] == int((got["0"][0] != prev.cpu()).sum())
+    ref_sums, ref_counts = update_reference(x, got["0"][0].to(DEVICE), k, sample_weight=w, offset=offset)
+    torch.testing.assert_close(got["0"][1], ref_sums.cpu(), rtol=1e-5, atol=1e-5)
+    for setting in ("2", "1"):
+        labels, sums, counts, sq_dist, changed = got[setting]
+        assert torch.equal(labels, got["0"][0])
+        assert changed == got["0"][4]
+        # (The programs' atomics add in any order, and a tile's distances may be summed in another.)
+        torch.testing.assert_close(sums, got["0"][1], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(counts, got["0"][2], rtol=1e-6, atol=0)
+        torch.testing.assert_close(sq_dist, got["0"][3], rtol=1e-6, atol=1e-6)
+
+
+def test_carry_prefetch_rule(monkeypatch):
+    """Rows, previous labels and weights are loaded ahead, but for the fast mode over fp32 rows
+    (rows only, as measured); ``TORCHKM_CARRY_PREFETCH`` sets the level."""
+    from torchkm._kernels.assign import _carry_prefetch
+
+    monkeypatch.delenv("TORCHKM_CARRY_PREFETCH", raising=False)
+    assert _carry_prefetch(False) == 2 and _carry_prefetch(True) == 1
+    for setting in ("0", "1", "2"):
+        monkeypatch.setenv("TORCHKM_CARRY_PREFETCH", setting)
+        assert _carry_prefetch(False) == _carry_prefetch(True) == int(setting)
