@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from bench_lloyd import graph_ms  # noqa: E402
 
 SHAPES = {"SIFT-like": (1_000_000, 128, 4096), "seed000-A": (245_760, 32, 32), "seed000-B": (245_760, 32, 1024),
-          "VQ-batch": (32_768, 256, 8192), "seed000-B16": (3_932_160, 32, 1024)}
+          "VQ-batch": (32_768, 256, 8192), "seed000-B16": (3_932_160, 32, 1024),
+          "seed000-A16": (3_932_160, 32, 32)}
 
 
 def run(pass_, x, c32, norms, labels):
