@@ -1242,30 +1242,36 @@ def _assign_programs(
     else:
         row_count = 0
         n_tiles = tl.cdiv(n, BLOCK_N)
-    if PREFETCH:
-        # Few clusters (carried sums) over whole rows: each tile's rows are loaded while the tile
-        # before them is searched, as a program walks its tiles one after another and its loop is
-        # not pipelined (it holds the search's own loops).
+    if HAS_ROW_INDEX or UPDATE == 3:
         programs = tl.num_programs(0)
-        dims0 = tl.arange(0, BLOCK_D)
-        next_rows = (tl.zeros((BLOCK_N,), tl.int64) + pid) * BLOCK_N + tl.arange(0, BLOCK_N)
-        x_next = tl.load(x_ptr + next_rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
-                         mask=(next_rows < n)[:, None] & (dims0 < d)[None, :], other=0.0)
-        # The previous labels and the weights too (a fit's passes read both). A tile's previous labels
-        # are read before any program writes that tile's labels: tile t + programs is this program's
-        # own next tile, so labels may still overwrite prev_labels in place.
-        ahead: tl.constexpr = PREFETCH == 2
-        prev_next = tl.load(prev_ptr + next_rows, mask=(next_rows < n) & HAS_PREV & ahead, other=0)
-        w_next = tl.load(weight_ptr + next_rows, mask=(next_rows < n) & HAS_WEIGHT & ahead, other=0.0)
+        if PREFETCH:
+            # Few clusters (carried sums) over whole rows: each tile's rows are loaded while the
+            # tile before them is searched, as a program walks its tiles one after another and its
+            # loop is not pipelined (it holds the search's own loops).
+            dims0 = tl.arange(0, BLOCK_D)
+            next_rows = (tl.zeros((BLOCK_N,), tl.int64) + pid) * BLOCK_N + tl.arange(0, BLOCK_N)
+            x_next = tl.load(x_ptr + next_rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
+                             mask=(next_rows < n)[:, None] & (dims0 < d)[None, :], other=0.0)
+            # The previous labels and the weights too (a fit's passes read both). A tile's previous
+            # labels are read before any program writes that tile's labels: tile t + programs is
+            # this program's own next tile, so labels may still overwrite prev_labels in place.
+            ahead: tl.constexpr = PREFETCH == 2
+            prev_next = tl.load(prev_ptr + next_rows, mask=(next_rows < n) & HAS_PREV & ahead, other=0)
+            w_next = tl.load(weight_ptr + next_rows, mask=(next_rows < n) & HAS_WEIGHT & ahead, other=0.0)
+        else:
+            x_next = 0.0
+            prev_next = 0
+            w_next = 0.0
         for t in range(pid, n_tiles, programs):
             x_tile = x_next
             prev_tile = prev_next
             w_tile = w_next
-            next_rows += programs * BLOCK_N
-            x_next = tl.load(x_ptr + next_rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
-                             mask=(next_rows < n)[:, None] & (dims0 < d)[None, :], other=0.0)
-            prev_next = tl.load(prev_ptr + next_rows, mask=(next_rows < n) & HAS_PREV & ahead, other=0)
-            w_next = tl.load(weight_ptr + next_rows, mask=(next_rows < n) & HAS_WEIGHT & ahead, other=0.0)
+            if PREFETCH:
+                next_rows += programs * BLOCK_N
+                x_next = tl.load(x_ptr + next_rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
+                                 mask=(next_rows < n)[:, None] & (dims0 < d)[None, :], other=0.0)
+                prev_next = tl.load(prev_ptr + next_rows, mask=(next_rows < n) & HAS_PREV & ahead, other=0)
+                w_next = tl.load(weight_ptr + next_rows, mask=(next_rows < n) & HAS_WEIGHT & ahead, other=0.0)
             i, c, acc_sums, acc_counts = _tile(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                 c_norm_ptr, row_index_ptr, row_count, tile_offset, searched_stride,
@@ -1274,19 +1280,6 @@ def _assign_programs(
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
                 DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH)
-            inertia += i
-            changed += c
-        flush_carry(sums_ptr + replica * k * d, counts_ptr + replica * k, acc_sums, acc_counts, k, d, KP, DP)
-    elif HAS_ROW_INDEX or UPDATE == 3:
-        for t in range(pid, n_tiles, tl.num_programs(0)):
-            i, c, acc_sums, acc_counts = _tile(
-                t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
-                c_norm_ptr, row_index_ptr, row_count, tile_offset, searched_stride,
-                labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
-                BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
-                STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0)
             inertia += i
             changed += c
         if UPDATE == 3:

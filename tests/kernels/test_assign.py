@@ -1194,11 +1194,8 @@ def test_packed_lazy_keys_keep_the_labels_and_the_lowest_index_on_ties(monkeypat
         assert torch.equal(got["0"], got["1"])
 
 
-@pytest.mark.parametrize("precision", ["exact", "fast"])
-def test_packed_lazy_search_launches_with_its_register_cap(monkeypatch, precision):
-    """The packed lazy search is launched with ``configs.lazy_register_cap``'s ``maxnreg`` (fp32 rows:
-    80 exact, 128 fast), and gives the same labels as uncapped; the compare-and-select search
-    (``TORCHKM_LAZY_KEYS=0``) is launched uncapped."""
+def _record_assign_launches(monkeypatch, what) -> list:
+    """A list that gets ``what(kwargs)`` of every ``_assign_kernel`` launch from now on."""
     import torchkm._kernels.assign as assign_module
 
     launches = []
@@ -1211,12 +1208,21 @@ def test_packed_lazy_search_launches_with_its_register_cap(monkeypatch, precisio
             def __getitem__(self, grid):
                 def call(*args, **kwargs):
                     if kernel is assign_module._assign_kernel:
-                        launches.append((kwargs.get("LAZY_BITS", 0), kwargs.get("maxnreg")))
+                        launches.append(what(kwargs))
                     return launch[grid](*args, **kwargs)
                 return call
         return Grid()
 
     monkeypatch.setattr(assign_module, "launcher", recording)
+    return launches
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_packed_lazy_search_launches_with_its_register_cap(monkeypatch, precision):
+    """The packed lazy search is launched with ``configs.lazy_register_cap``'s ``maxnreg`` (fp32 rows:
+    80 exact, 128 fast), and gives the same labels as uncapped; the compare-and-select search
+    (``TORCHKM_LAZY_KEYS=0``) is launched uncapped."""
+    launches = _record_assign_launches(monkeypatch, lambda kwargs: (kwargs.get("LAZY_BITS", 0), kwargs.get("maxnreg")))
     n, d, k = 150, 17, 70
     x, c = _data(n, d, k, seed=31)
     got = {}
@@ -1263,24 +1269,7 @@ def test_carried_pass_loads_each_tile_ahead(monkeypatch, precision, d, k):
     and its sums, counts and distances but for rounding, on weighted, centred rows with previous
     labels, whose last tile is partial and whose programs walk several tiles (300 rows: 10 tiles
     over 4 programs under the interpreter)."""
-    import torchkm._kernels.assign as assign_module
-
-    launches = []
-    real = assign_module.launcher
-
-    def recording(kernel):
-        launch = real(kernel)
-
-        class Grid:
-            def __getitem__(self, grid):
-                def call(*args, **kwargs):
-                    if kernel is assign_module._assign_kernel:
-                        launches.append(kwargs.get("PREFETCH", 0))
-                    return launch[grid](*args, **kwargs)
-                return call
-        return Grid()
-
-    monkeypatch.setattr(assign_module, "launcher", recording)
+    launches = _record_assign_launches(monkeypatch, lambda kwargs: kwargs["PREFETCH"])
     n = 300
     x, c = _data(n, d, k, seed=53)
     g = torch.Generator().manual_seed(54)
