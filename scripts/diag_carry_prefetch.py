@@ -1,6 +1,8 @@
-"""The fused pass of few clusters (carried one-hot sums: k <= 64, rows of at most 32 features) with
-each program's next tile loaded ahead or not (``TORCHKM_CARRY_PREFETCH``), at the default tiles and
-at others, timed in one process (the switch is read at each call).
+"""The fused pass of few clusters (carried one-hot sums: k <= 64, rows of at most 32 features) under
+each setting of a switch that the pass reads at each call (``--switch``: by default
+``TORCHKM_CARRY_PREFETCH``, each program's next tile loaded ahead or not; ``TORCHKM_ONE_TILE``, the
+search of one centroid tile without a running minimum), at the default tiles and at others, timed in
+one process.
 
 For each shape and dtype, fresh N(0, 1) rows and centroids drawn from them; for each mode, tile
 config and setting, one pass into poisoned labels is checked first (labels against a float64
@@ -8,7 +10,8 @@ argmin on 8,192 rows, rows whose best two are within 1e-5 relative not counted; 
 bincount of the labels; sums against float64 ``index_add_``; ``same_labels``: equal to the first
 setting's labels), then the pass is timed (20 calls replayed in a CUDA graph, median of three).
 
-    python scripts/diag_carry_prefetch.py [--only A A16] [--settings 0 1 2] [--configs 64,32,32,2,2 ...] [--json out.json]
+    python scripts/diag_carry_prefetch.py [--only A A16] [--switch TORCHKM_ONE_TILE --settings 0 1]
+        [--configs 64,32,32,2,2 ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(SHAPES))
+    parser.add_argument("--switch", default="TORCHKM_CARRY_PREFETCH")
     parser.add_argument("--settings", nargs="*", default=["0", "1", "2"])
     parser.add_argument("--configs", nargs="*", default=[], help="BLOCK_N,BLOCK_K,BLOCK_D,warps,stages (besides the default)")
     parser.add_argument("--json", default=None)
@@ -54,7 +58,7 @@ def main() -> None:
                 first = None
                 for config in configs:
                     for setting in args.settings:
-                        os.environ["TORCHKM_CARRY_PREFETCH"] = setting
+                        os.environ[args.switch] = setting
                         p = AssignPass(x, k, mode, update=True, config=config)
                         labels = torch.full((n,), -7, dtype=torch.int64, device="cuda")
 
@@ -66,7 +70,7 @@ def main() -> None:
                         counts = torch.bincount(labels, minlength=k).double()
                         sums = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(0, labels, x.double())
                         row = {"shape": name, "n": n, "d": d, "k": k, "dtype": str(dtype).split(".")[-1], "mode": mode,
-                               "config": config, "prefetch": setting,
+                               "config": config, "switch": args.switch, "setting": setting,
                                "labels_off": int(((labels[rows] != dist.argmin(1)) & clear).sum()),
                                "counts_equal": bool(torch.equal(p.acc_counts.double().sum(0), counts)),
                                "sums_rel_err": float((p.acc_sums.double().sum(0) - sums).abs().max() / sums.abs().max()),
@@ -77,11 +81,11 @@ def main() -> None:
                         row["ms"] = sorted(row["runs"])[1]
                         out.append(row)
                         print(f"{name:<4} {row['dtype']:<9} {mode:<5} {str(config and tuple(config.values())[:5]):<22} "
-                              f"prefetch {setting} | {row['ms']:.4f} ms | off {row['labels_off']} counts "
+                              f"{args.switch}={setting} | {row['ms']:.4f} ms | off {row['labels_off']} counts "
                               f"{row['counts_equal']} sums {row['sums_rel_err']:.1e} same {row['same_labels']}", flush=True)
             del x
             torch.cuda.empty_cache()
-    os.environ.pop("TORCHKM_CARRY_PREFETCH", None)
+    os.environ.pop(args.switch, None)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": out}, fh, indent=1)

@@ -136,9 +136,11 @@ def _tile(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
-    x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr,
+    x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
+    tl.static_assert(not ONE_TILE or (not EAGER and not SWAP and not SEARCHED and LAZY_BITS == 0 and KEYS != 2),
+                     "one centroid tile: the row-oriented lazy search")
     tl.static_assert(not PREFETCH or (ONE_CHUNK and UPDATE == 3 and not HAS_ROW_INDEX and not SEARCHED and not HALF),
                      "a tile loaded ahead (``_assign_programs``): whole rows in one chunk, carried sums")
     # The lazy searches (and the Hopper search's record) also name a third candidate (``label3``,
@@ -241,7 +243,9 @@ def _tile(
     # The Hopper search found each row's candidates (SEARCHED): no search is compiled, as the
     # centroid operand may then be fp16 for fp32 rows (fp16 operands), which it would not take.
     if not SEARCHED:
-        for k0 in range(0, search_end, BLOCK_K):
+        # ONE_TILE: every centroid in the first tile (``AssignPass``): one step, known when compiled.
+        tiles_end = BLOCK_K if ONE_TILE else search_end
+        for k0 in range(0, tiles_end, BLOCK_K):
             cols = k0 + tile_cols
             col_mask = cols < k
             # Padded centroids score +inf, so they never win and never count as second best (packed:
@@ -394,6 +398,9 @@ def _tile(
                     if CHECK:
                         second_t = tl.minimum(second_t, tl.maximum(best_t, key))
                     best_t = tl.minimum(best_t, key)
+                elif ONE_TILE:
+                    # The only tile: its scores are the best (and no second within a column).
+                    best_t = acc
                 else:
                     # Strictly better only: an equal score in a later tile keeps the lower index.
                     better = acc < best_t
@@ -1190,7 +1197,7 @@ def _assign_kernel(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
-    HAS_CONTROL: tl.constexpr, PREFETCH: tl.constexpr,
+    HAS_CONTROL: tl.constexpr, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
@@ -1203,7 +1210,7 @@ def _assign_kernel(
                          n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PREFETCH)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PREFETCH, ONE_TILE)
 
 
 @triton.jit
@@ -1219,7 +1226,7 @@ def _assign_programs(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -1279,7 +1286,7 @@ def _assign_programs(
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -1292,7 +1299,7 @@ def _assign_programs(
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0, ONE_TILE)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -2410,7 +2417,7 @@ class AssignPass:
                 SPLIT=self.split, HAS_ROW_INDEX=rows is not None, CHECK=self.check, RAW_MMA=self.fast,
                 STORE_LOWER=lower is not None,
                 PRECISION=("tf32" if x.dtype == torch.float32 and not half else "ieee") if self.fast else self.precision,
-                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, **cfg,
+                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, ONE_TILE=False, **cfg,
                 **common,
             )
             # Few clusters (carried sums), whole rows in one chunk: each program loads its next tile
@@ -2418,6 +2425,11 @@ class AssignPass:
             if (main["UPDATE"] == UPDATE_CARRY and rows is None and not searched and not half and main["ONE_CHUNK"] > 0
                     and cfg["BLOCK_D"] == carry_width(d)):
                 main["PREFETCH"] = _carry_prefetch(self.fast and x.dtype == torch.float32)
+            # Every centroid in one tile: the search need not keep a running minimum across tiles
+            # (``TORCHKM_ONE_TILE=1``; off until measured on a GPU: 13-15 % fewer instructions a row
+            # tile at 245,760 x 32 x 32, offline sm_90 SASS, BENCHMARKS.md 2026-12-02).
+            main["ONE_TILE"] = (os.environ.get("TORCHKM_ONE_TILE") == "1" and self.k <= cfg["BLOCK_K"] and not searched
+                                and not cfg["EAGER"] and not cfg["SWAP"] and not lazy_bits and main["KEYS"] != 2)
             # Where measured: rows of at most 32 features, no row list (the bounds engine's passes).
             measured = lazy_bits and rows is None and cfg["BLOCK_D"] <= 32
             cap = lazy_register_cap(self.check, x.dtype) if measured else None
@@ -2509,7 +2521,7 @@ class AssignPass:
                 half_ptr=spare("half"), xh_ptr=spare("xh", torch.float16), HALF=False, SPLIT=False,
                 part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
-                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, **cfg,
+                ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, ONE_TILE=False, **cfg,
                 **common,
             )
 

@@ -1310,3 +1310,34 @@ def test_carry_prefetch_rule(monkeypatch):
     for setting in ("0", "1", "2"):
         monkeypatch.setenv("TORCHKM_CARRY_PREFETCH", setting)
         assert _carry_prefetch(False) == _carry_prefetch(True) == int(setting)
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("d,k", [(17, 7), (17, 16), (40, 7)])
+def test_one_centroid_tile_keeps_the_result(monkeypatch, precision, d, k):
+    """``TORCHKM_ONE_TILE=1``: where every centroid fits the first tile, the lazy search takes the
+    tile's scores as the best without a running minimum. Same labels, changed count, sums and
+    distances as without (d = 17: the exact mode's 3xTF32 products; d = 40: its best two and the
+    re-check; k = 16: the tile exactly full), and only where the centroids fit one tile."""
+    launches = _record_assign_launches(monkeypatch, lambda kwargs: kwargs["ONE_TILE"])
+    n = 300
+    x, c = _data(n, d, k, seed=59)
+    g = torch.Generator().manual_seed(60)
+    offset = torch.randn(d, generator=g).to(DEVICE)
+    prev = torch.randint(0, k, (n,), generator=g).to(DEVICE)
+    config = {**SMALL_TILES, "EAGER": False, "BLOCK_D": max(16, 1 << (d - 1).bit_length())}
+    got = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_ONE_TILE", setting)
+        launches.clear()
+        sums = torch.zeros(k, d, device=DEVICE)
+        counts = torch.zeros(k, device=DEVICE)
+        out = assign(x, c, precision=precision, offset=offset, raw_norms=x.norm(dim=1), prev_labels=prev,
+                     sums=sums, counts=counts, config=config)
+        assert launches[0] == (setting == "1" and k <= config["BLOCK_K"])
+        got[setting] = (out.labels.cpu(), sums.cpu(), counts.cpu(), out.sq_dist.cpu(), int(out.changed))
+    _check_labels(x - offset, c, got["0"][0].to(DEVICE), precision)
+    assert torch.equal(got["1"][0], got["0"][0]) and got["1"][4] == got["0"][4]
+    torch.testing.assert_close(got["1"][1], got["0"][1], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got["1"][2], got["0"][2], rtol=0, atol=0)
+    torch.testing.assert_close(got["1"][3], got["0"][3], rtol=1e-6, atol=1e-6)
