@@ -519,6 +519,10 @@ def _tile(
             resolve = row_mask & (second - best <= bound)
             flag = row_mask & (third - best <= bound)
 
+    if PREFETCH:
+        # The tile loaded ahead holds the whole rows: the distances and the sums take them from it.
+        x_rows = transform_rows(x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0),
+                                scale, HAS_OFFSET, HAS_SCALE)
     if PREFETCH == 2 and HAS_WEIGHT:
         w = w_pre
     elif HAS_WEIGHT:
@@ -643,12 +647,9 @@ def _tile(
             prev64 = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int64)
             moved = done & (prev64 != label64)
         if PREFETCH:
-            # The tile loaded ahead holds the whole rows: they are not read again.
-            xr = transform_rows(x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0),
-                                scale, HAS_OFFSET, HAS_SCALE)
             cr = tl.load(c32_ptr + label64[:, None] * d + dims0[None, :], mask=row_mask[:, None] & (dims0 < d)[None, :],
                          other=0.0)
-            diff = xr - cr
+            diff = x_rows - cr
             sq_dist += tl.sum(diff * diff, axis=1)
         else:
             for d0 in range(0, d, EPI_D):
@@ -669,10 +670,7 @@ def _tile(
     if UPDATE == 3:
         if PREFETCH:
             tl.static_assert(DP == BLOCK_D, "the carried sums take the tile loaded ahead as it is")
-            acc_sums, acc_counts = carry_rows(
-                acc_sums, acc_counts, label64, w,
-                transform_rows(x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0),
-                               scale, HAS_OFFSET, HAS_SCALE), KP)
+            acc_sums, acc_counts = carry_rows(acc_sums, acc_counts, label64, w, x_rows, KP)
         else:
             acc_sums, acc_counts = _carry_tile(acc_sums, acc_counts, x_ptr, rows, row_mask, label64, w, stride_xn,
                                                stride_xd, offset_ptr, scale, d, KP, DP, HAS_OFFSET, HAS_SCALE)
