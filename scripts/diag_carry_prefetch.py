@@ -11,7 +11,7 @@ bincount of the labels; sums against float64 ``index_add_``; ``same_labels``: eq
 setting's labels), then the pass is timed (20 calls replayed in a CUDA graph, median of three).
 
     python scripts/diag_carry_prefetch.py [--only A A16] [--switch TORCHKM_ONE_TILE --settings 0 1]
-        [--configs 64,32,32,2,2 ...] [--json out.json]
+        [--extra V=1000000,128,64 ...] [--centred] [--configs 64,32,32,2,2 ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -35,21 +35,30 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(SHAPES))
+    parser.add_argument("--extra", nargs="*", default=[], help="NAME=n,d,k: other shapes, run besides --only")
     parser.add_argument("--switch", default="TORCHKM_CARRY_PREFETCH")
     parser.add_argument("--settings", nargs="*", default=["0", "1", "2"])
     parser.add_argument("--configs", nargs="*", default=[], help="BLOCK_N,BLOCK_K,BLOCK_D,warps,stages (besides the default)")
+    parser.add_argument("--centred", action="store_true",
+                        help="as a fit calls the pass: rows centred on their mean in the kernel (``offset``)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     configs = [None] + [dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_D", "num_warps", "num_stages"),
                                  (int(v) for v in spec.split(","))), EAGER=False, SWAP=False) for spec in args.configs]
+    for spec in args.extra:
+        name, dims = spec.split("=")
+        SHAPES[name] = tuple(int(v) for v in dims.split(","))
     out = []
-    for name in args.only:
+    for name in args.only + [spec.split("=")[0] for spec in args.extra]:
         n, d, k = SHAPES[name]
         for dtype in (torch.float32, torch.bfloat16):
             g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1000) % 2**31)
             x = torch.randn(n, d, device="cuda", generator=g).to(dtype)
             c32 = x[torch.randint(0, n, (k,), device="cuda", generator=g)].float().contiguous()
             norms = x.float().norm(dim=1)
+            # A fit passes the rows' mean as ``offset`` and centroids about it; the labels are the same.
+            offset = x.float().mean(0) if args.centred else None
+            c_pass = c32 - offset if args.centred else c32
             rows = torch.randperm(n, device="cuda")[:8192]
             dist = torch.cdist(x[rows].double(), c32.double()) ** 2
             two = dist.topk(2, dim=1, largest=False).values
@@ -63,14 +72,15 @@ def main() -> None:
                         labels = torch.full((n,), -7, dtype=torch.int64, device="cuda")
 
                         def call(p=p, labels=labels, x=x):
-                            p(x, c32, offset=None, row_scale=None, raw_norms=norms, sample_weight=None,
+                            p(x, c_pass, offset=offset, row_scale=None, raw_norms=norms, sample_weight=None,
                               prev_labels=None, labels=labels)
 
                         call()
                         counts = torch.bincount(labels, minlength=k).double()
-                        sums = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(0, labels, x.double())
+                        sums = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(
+                            0, labels, x.double() - (0 if offset is None else offset.double()))
                         row = {"shape": name, "n": n, "d": d, "k": k, "dtype": str(dtype).split(".")[-1], "mode": mode,
-                               "config": config, "switch": args.switch, "setting": setting,
+                               "config": config, "centred": args.centred, "switch": args.switch, "setting": setting,
                                "labels_off": int(((labels[rows] != dist.argmin(1)) & clear).sum()),
                                "counts_equal": bool(torch.equal(p.acc_counts.double().sum(0), counts)),
                                "sums_rel_err": float((p.acc_sums.double().sum(0) - sums).abs().max() / sums.abs().max()),

@@ -2424,10 +2424,14 @@ class AssignPass:
                     and cfg["BLOCK_D"] == carry_width(d)):
                 main["PREFETCH"] = _carry_prefetch(self.fast and x.dtype == torch.float32)
             # Every centroid in one tile: the search need not keep a running minimum across tiles
-            # (``TORCHKM_ONE_TILE=1``; off until measured on a GPU: 13-15 % fewer instructions a row
-            # tile at 245,760 x 32 x 32, offline sm_90 SASS, BENCHMARKS.md 2026-12-02).
-            main["ONE_TILE"] = (os.environ.get("TORCHKM_ONE_TILE") == "1" and self.k <= cfg["BLOCK_K"] and not searched
-                                and not cfg["EAGER"] and not cfg["SWAP"] and not lazy_bits and main["KEYS"] != 2)
+            # (H200, BENCHMARKS.md 2026-12-02, pass ms: 3.9M x 32 x 32 exact fp32 0.667 -> 0.566,
+            # bf16 0.611 -> 0.498, fast fp32 0.506 -> 0.398; 1M x 64 x 16 fast bf16 0.178 -> 0.150;
+            # 1M x 128 x 64 level). Not for the fast mode over padded features: there the search
+            # inlined spills more (1M x 17 x 7 fast fp32 0.159 -> 0.201, bf16 0.134 -> 0.181; exact
+            # 0.182 -> 0.173 and 0.209 -> 0.202). ``TORCHKM_ONE_TILE=0`` turns it off (experiments).
+            main["ONE_TILE"] = (os.environ.get("TORCHKM_ONE_TILE") != "0" and self.k <= cfg["BLOCK_K"] and not searched
+                                and not cfg["EAGER"] and not cfg["SWAP"] and not lazy_bits and main["KEYS"] != 2
+                                and not (self.precision == "fast" and d < cfg["BLOCK_D"]))
             # Where measured: rows of at most 32 features, no row list (the bounds engine's passes).
             measured = lazy_bits and rows is None and cfg["BLOCK_D"] <= 32
             cap = lazy_register_cap(self.check, x.dtype) if measured else None
