@@ -5,7 +5,8 @@ limits each of its kernels, the Hopper search's epilogue (``_assign_kernel``) ab
         --set full python3 scripts/profile_pass.py --modes exact
 
 Each mode runs ``--passes`` passes (the first compiles); the rows are N(0, 1), the centroids rows
-of them, centred as ``fit`` centres them (bench_lloyd's SIFT-like workload by default).
+of them, centred as ``fit`` centres them (bench_lloyd's SIFT-like workload by default; ``--raw``:
+not centred).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--modes", nargs="*", default=["exact", "fast"])
     parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--raw", action="store_true", help="rows not centred (no ``offset``), to compare")
     args = parser.parse_args()
     x = torch.randn(args.n, args.d, device="cuda").to(getattr(torch, args.dtype))
-    offset = x.float().mean(0)
-    c = x[torch.randint(0, args.n, (args.k,), device="cuda")].float() - offset
+    offset = None if args.raw else x.float().mean(0)
+    c = x[torch.randint(0, args.n, (args.k,), device="cuda")].float() - (0 if args.raw else offset)
     sums = torch.zeros(args.k, args.d, device="cuda")
     counts = torch.zeros(args.k, device="cuda")
     labels = torch.zeros(args.n, dtype=torch.int32, device="cuda")

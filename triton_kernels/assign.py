@@ -136,7 +136,7 @@ def _tile(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
-    x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
+    x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr, c_res, c_lo_res, bias_res, offset_res,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     tl.static_assert(not ONE_TILE or (not EAGER and not SWAP and not SEARCHED and LAZY_BITS == 0 and KEYS != 2),
@@ -148,6 +148,9 @@ def _tile(
     # third could beat the winner compares it directly and is re-searched only if the rest could.
     # (DISTANCE_BOUND = 1: without; TORCHKM_EXACT_THIRD=0, experiments.)
     THIRD: tl.constexpr = DISTANCE_BOUND == 2 and (SEARCHED or not EAGER)
+    # A persistent program's one centroid tile, its bias and the offset, loaded once before its
+    # tiles of rows (``c_res``, ``c_lo_res``, ``bias_res``, ``offset_res``; ``_assign_programs``).
+    RESIDENT: tl.constexpr = PREFETCH != 0 and ONE_TILE
     slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_ROW_INDEX:
         row_mask = slots < row_count
@@ -213,12 +216,14 @@ def _tile(
         else:
             x_raw = tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
                             mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
+        if RESIDENT:
+            shift0 = offset_res
+        else:
+            shift0 = tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0)
         if RAW_MMA:
             x_once = x_raw
         else:
-            x_once = transform_rows(
-                x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0), scale,
-                HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+            x_once = transform_rows(x_raw, row_mask, shift0, scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
         if SWAP:
             x_once_t = tl.trans(x_once)
         if LAZY_BITS > 0:
@@ -250,7 +255,9 @@ def _tile(
             col_mask = cols < k
             # Padded centroids score +inf, so they never win and never count as second best (packed:
             # 3e38, as an infinite key's tile bits would make it a NaN; decoded as +inf).
-            if ONE_CHUNK == 2:
+            if RESIDENT:
+                bias = bias_res
+            elif ONE_CHUNK == 2:
                 bias = tl.load(bias_ptr + cols)  # whole tiles (``_one_chunk``)
             else:
                 bias = tl.load(bias_ptr + cols, mask=col_mask, other=3.0e38 if LAZY_BITS > 0 else float("inf"))
@@ -277,7 +284,11 @@ def _tile(
                     acc = row_term[:, None] + bias[None, :]
                 else:
                     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32) + bias[None, :]
-                if ONE_CHUNK == 2:
+                if RESIDENT:
+                    acc = tl.dot(x_once, tl.trans(c_res), acc, input_precision=PRECISION)
+                    if SPLIT:
+                        acc = tl.dot(x_once, tl.trans(c_lo_res), acc, input_precision=PRECISION)
+                elif ONE_CHUNK == 2:
                     # Whole tiles of whole rows (``_one_chunk``): no masks, and 32-bit offsets of a
                     # constant stride, so each tile's addresses cost a few instructions (sm_90 SASS at
                     # 245,760 x 32 x 1,024: 174 -> 142 a tile exact, 198 -> 165 fast).
@@ -521,8 +532,7 @@ def _tile(
 
     if PREFETCH:
         # The tile loaded ahead holds the whole rows: the distances and the sums take them from it.
-        x_rows = transform_rows(x_raw, row_mask, tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0),
-                                scale, HAS_OFFSET, HAS_SCALE)
+        x_rows = transform_rows(x_raw, row_mask, shift0, scale, HAS_OFFSET, HAS_SCALE)
     if PREFETCH == 2 and HAS_WEIGHT:
         w = w_pre
     elif HAS_WEIGHT:
@@ -1267,6 +1277,32 @@ def _assign_programs(
             x_next = 0.0
             prev_next = 0
             w_next = 0.0
+        if PREFETCH and ONE_TILE:
+            # The one centroid tile, its bias and the offset stay in the program's registers: loaded
+            # in the loop, Triton's pipeliner copied them again for every tile of rows and waited
+            # on the copies (loads are not hoisted past the stores of the loop).
+            cols_r = tl.arange(0, BLOCK_K)
+            if ONE_CHUNK == 2:
+                c_offs_r = cols_r[:, None] * BLOCK_D + dims0[None, :]
+                c_res = tl.load(c_mma_ptr + c_offs_r)
+                c_lo_res = 0.0
+                if SPLIT:
+                    c_lo_res = tl.load(c_lo_ptr + c_offs_r)
+                bias_res = tl.load(bias_ptr + cols_r)
+            else:
+                c_offs_r = cols_r[:, None].to(tl.int64) * d + dims0[None, :]
+                c_mask_r = (cols_r < k)[:, None] & (dims0 < d)[None, :]
+                c_res = tl.load(c_mma_ptr + c_offs_r, mask=c_mask_r, other=0.0)
+                c_lo_res = 0.0
+                if SPLIT:
+                    c_lo_res = tl.load(c_lo_ptr + c_offs_r, mask=c_mask_r, other=0.0)
+                bias_res = tl.load(bias_ptr + cols_r, mask=cols_r < k, other=float("inf"))
+            offset_res = tl.load(offset_ptr + dims0, mask=(dims0 < d) & HAS_OFFSET, other=0.0)
+        else:
+            c_res = 0.0
+            c_lo_res = 0.0
+            bias_res = 0.0
+            offset_res = 0.0
         for t in range(pid, n_tiles, programs):
             x_tile = x_next
             prev_tile = prev_next
@@ -1284,7 +1320,8 @@ def _assign_programs(
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE,
+                c_res, c_lo_res, bias_res, offset_res)
             inertia += i
             changed += c
         if UPDATE == 3:
@@ -1297,7 +1334,7 @@ def _assign_programs(
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0, ONE_TILE)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0, ONE_TILE, 0.0, 0.0, 0.0, 0.0)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
