@@ -688,16 +688,25 @@ def _tile(
     # so labels may overwrite prev_labels in place.
     if HAS_PREV:
         if PREFETCH == 2:
-            prev = prev_pre.to(tl.int32)
+            # Compared as loaded (int64, beside the labels' store), not moved to the search's layout.
+            changed_rows = done & (prev_pre != label.to(tl.int64))
         else:
             prev = tl.load(prev_ptr + rows, mask=done, other=0).to(tl.int32)
-        changed = tl.sum((done & (prev != label)).to(tl.int64), axis=0)
+            changed_rows = done & (prev != label)
     else:
-        changed = tl.sum(done.to(tl.int64), axis=0)
+        changed_rows = done
     tl.store(labels_ptr + rows, label.to(labels_ptr.dtype.element_ty), mask=done)
     if STORE_SQ_DIST:
         tl.store(sq_dist_ptr + rows, sq_dist, mask=done)
-    inertia = tl.sum(tl.where(done, sq_dist * w, 0.0), axis=0)
+    inertia_rows = tl.where(done, sq_dist * w, 0.0)
+    if PREFETCH:
+        # Per row, summed by ``_assign_programs`` after its last tile: a sum across the program's
+        # warps for every tile costs barriers on the loop's critical path.
+        inertia = inertia_rows
+        changed = changed_rows.to(tl.int32)
+    else:
+        inertia = tl.sum(inertia_rows, axis=0)
+        changed = tl.sum(changed_rows.to(tl.int64), axis=0)
     return inertia, changed, acc_sums, acc_counts
 
 
@@ -1246,6 +1255,9 @@ def _assign_programs(
     acc_counts = tl.zeros((KP,), tl.float32)
     inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
     changed = tl.sum(tl.zeros((1,), tl.int64), axis=0)
+    # PREFETCH: each row slot's totals over the program's tiles (``_tile``), summed at the end.
+    inertia_rows = tl.zeros((BLOCK_N,), tl.float32)
+    changed_rows = tl.zeros((BLOCK_N,), tl.int32)
     if HAS_ROW_INDEX:
         # Persistent over a row list whose length is only known on the device (no host sync).
         row_count = tl.load(row_count_ptr)
@@ -1322,8 +1334,15 @@ def _assign_programs(
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
                 DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE,
                 c_res, c_lo_res, bias_res, offset_res)
-            inertia += i
-            changed += c
+            if PREFETCH:
+                inertia_rows += i
+                changed_rows += c
+            else:
+                inertia += i
+                changed += c
+        if PREFETCH:
+            inertia = tl.sum(inertia_rows, axis=0)
+            changed = tl.sum(changed_rows.to(tl.int64), axis=0)
         if UPDATE == 3:
             flush_carry(sums_ptr + replica * k * d, counts_ptr + replica * k, acc_sums, acc_counts, k, d, KP, DP)
     else:

@@ -1285,15 +1285,19 @@ def test_carried_pass_loads_each_tile_ahead(monkeypatch, precision, d, k):
         out = assign(x, c, precision=precision, offset=offset, raw_norms=x.norm(dim=1), sample_weight=w,
                      prev_labels=prev, sums=sums, counts=counts, config=_search_config("lazy1", d))
         assert launches == [int(setting)]
-        got[setting] = (out.labels.cpu(), sums.cpu(), counts.cpu(), out.sq_dist.cpu(), int(out.changed))
+        got[setting] = (out.labels.cpu(), sums.cpu(), counts.cpu(), out.sq_dist.cpu(), int(out.changed),
+                        float(out.inertia))
     _check_labels(x - offset, c, got["0"][0].to(DEVICE), precision)
     assert got["0"][4] == int((got["0"][0] != prev.cpu()).sum())
+    assert got["0"][5] == pytest.approx(float((got["0"][3] * w.cpu()).sum()), rel=1e-5)
     ref_sums, ref_counts = update_reference(x, got["0"][0].to(DEVICE), k, sample_weight=w, offset=offset)
     torch.testing.assert_close(got["0"][1], ref_sums.cpu(), rtol=1e-5, atol=1e-5)
     for setting in ("2", "1"):
-        labels, sums, counts, sq_dist, changed = got[setting]
+        labels, sums, counts, sq_dist, changed, inertia = got[setting]
         assert torch.equal(labels, got["0"][0])
+        # (Loaded ahead, the programs carry their changed counts and inertia per row slot.)
         assert changed == got["0"][4]
+        assert inertia == pytest.approx(got["0"][5], rel=1e-5)
         # (The programs' atomics add in any order, and a tile's distances may be summed in another.)
         torch.testing.assert_close(sums, got["0"][1], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(counts, got["0"][2], rtol=1e-6, atol=0)
