@@ -699,9 +699,9 @@ def _tile(
     if STORE_SQ_DIST:
         tl.store(sq_dist_ptr + rows, sq_dist, mask=done)
     inertia_rows = tl.where(done, sq_dist * w, 0.0)
-    if PREFETCH:
-        # Per row, summed by ``_assign_programs`` after its last tile: a sum across the program's
-        # warps for every tile costs barriers on the loop's critical path.
+    if HAS_ROW_INDEX or UPDATE == 3:
+        # A persistent program (``_assign_programs``): per row slot, summed after its last tile, as
+        # a sum across the program's warps for every tile costs barriers on the loop's critical path.
         inertia = inertia_rows
         changed = changed_rows.to(tl.int32)
     else:
@@ -1253,9 +1253,7 @@ def _assign_programs(
     # UPDATE == 3: the program's partial sums, carried across its tiles (unused otherwise).
     acc_sums = tl.zeros((KP, DP), tl.float32)
     acc_counts = tl.zeros((KP,), tl.float32)
-    inertia = tl.sum(tl.zeros((1,), tl.float32), axis=0)
-    changed = tl.sum(tl.zeros((1,), tl.int64), axis=0)
-    # PREFETCH: each row slot's totals over the program's tiles (``_tile``), summed at the end.
+    # Persistent programs: each row slot's totals over the program's tiles (``_tile``), summed at the end.
     inertia_rows = tl.zeros((BLOCK_N,), tl.float32)
     changed_rows = tl.zeros((BLOCK_N,), tl.int32)
     if HAS_ROW_INDEX:
@@ -1334,15 +1332,10 @@ def _assign_programs(
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
                 DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE,
                 c_res, c_lo_res, bias_res, offset_res)
-            if PREFETCH:
-                inertia_rows += i
-                changed_rows += c
-            else:
-                inertia += i
-                changed += c
-        if PREFETCH:
-            inertia = tl.sum(inertia_rows, axis=0)
-            changed = tl.sum(changed_rows.to(tl.int64), axis=0)
+            inertia_rows += i
+            changed_rows += c
+        inertia = tl.sum(inertia_rows, axis=0)
+        changed = tl.sum(changed_rows.to(tl.int64), axis=0)
         if UPDATE == 3:
             flush_carry(sums_ptr + replica * k * d, counts_ptr + replica * k, acc_sums, acc_counts, k, d, KP, DP)
     else:
