@@ -1317,14 +1317,16 @@ def test_carry_prefetch_rule(monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["exact", "fast"])
-@pytest.mark.parametrize("d,k", [(17, 7), (17, 16), (32, 7), (40, 7)])
+@pytest.mark.parametrize("d,k", [(17, 7), (17, 16), (32, 7), (32, 16), (40, 7)])
 def test_one_centroid_tile_keeps_the_result(monkeypatch, precision, d, k):
     """Where every centroid fits the first tile, the lazy search takes the tile's scores as the best
-    without a running minimum (the default; ``TORCHKM_ONE_TILE=0`` turns it off). Same labels, changed count, sums and
-    distances as without (d = 17: the exact mode's 3xTF32 products; d = 40: its best two and the
-    re-check; k = 16: the tile exactly full), and only where the centroids fit one tile (and not
+    without a running minimum (the default; ``TORCHKM_ONE_TILE=0`` turns it off). Same labels,
+    changed count, sums and distances as without (d = 17: the exact mode's 3xTF32 products; d = 40: its best two and the
+    re-check; k = 16: the tile exactly full, with d = 32 whole tiles of whole rows, unmasked, the
+    tile kept by each persistent program), and only where the centroids fit one tile (and not
     for the fast mode over padded features, d = 17 and 40 here, measured slower)."""
-    launches = _record_assign_launches(monkeypatch, lambda kwargs: kwargs["ONE_TILE"])
+    launches = _record_assign_launches(monkeypatch,
+                                       lambda kwargs: (kwargs["ONE_TILE"], kwargs["PREFETCH"], kwargs["ONE_CHUNK"]))
     n = 300
     x, c = _data(n, d, k, seed=59)
     g = torch.Generator().manual_seed(60)
@@ -1340,7 +1342,9 @@ def test_one_centroid_tile_keeps_the_result(monkeypatch, precision, d, k):
         out = assign(x, c, precision=precision, offset=offset, raw_norms=x.norm(dim=1), prev_labels=prev,
                      sums=sums, counts=counts, config=config)
         padded_fast = precision == "fast" and d < config["BLOCK_D"]
-        assert launches[0] == (setting == "1" and k <= config["BLOCK_K"] and not padded_fast)
+        assert launches[0][0] == (setting == "1" and k <= config["BLOCK_K"] and not padded_fast)
+        if (d, k) == (32, 16):
+            assert launches[0][1] > 0 and launches[0][2] == 2  # rows loaded ahead, whole tiles
         got[setting] = (out.labels.cpu(), sums.cpu(), counts.cpu(), out.sq_dist.cpu(), int(out.changed))
     _check_labels(x - offset, c, got["0"][0].to(DEVICE), precision)
     assert torch.equal(got["1"][0], got["0"][0]) and got["1"][4] == got["0"][4]
