@@ -119,6 +119,22 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
             # Since each program loads its next tile ahead (``AssignPass``, 2026-12-02), fast bf16
             # takes 64-row tiles: 128 spill 744 bytes with the tile ahead, and 3.9M x 32, k = 32
             # went 0.487 -> 0.403 ms (245,760 rows 0.038 -> 0.032) against 0.540 (0.042) at 128.
+            if k_tile == 64 and (exact or d == d_pad):
+                # 33-64 centroids in one tile of 64 (no running minimum across tiles, ``ONE_TILE``),
+                # four warps but for the fast mode over 16-bit rows. The 32-centroid tiles spilled
+                # there (sm_90, 3.9M x 32 x 64: 520 bytes exact bf16, 352 fast fp32). H200,
+                # 2026-12-03, fused pass replayed (centred rows), ms, 32-centroid tiles -> one tile
+                # of 64 at 3.9M / 245,760 x 32 x 64: exact fp32 0.959 -> 0.756 and 0.067 -> 0.059,
+                # exact bf16 0.941 -> 0.661 and 0.069 -> 0.053, fast fp32 0.737 -> 0.536 and 0.055 ->
+                # 0.046, fast bf16 (two warps) 0.576 -> 0.446 and 0.046 -> 0.038; in that order at
+                # 1M x 32 x 48 0.256 -> 0.196, 0.250 -> 0.175, 0.197 -> 0.152, 0.159 -> 0.119, and
+                # at 1M x 16 x 64 0.179 -> 0.138, 0.141 -> 0.140, 0.113 -> 0.110, 0.100 -> 0.096;
+                # exact at 1M x 24 x 48 0.358 -> 0.232 (fp32), 0.420 -> 0.238 (bf16). Not the fast
+                # mode over padded features: bf16 was slower (1M x 24 x 48: 0.282 -> 0.433), and
+                # over fp32 rows the sums came out wrong on the GPU with four warps (3e-2 relative;
+                # right with two, and under the interpreter). ``test_up_to_64_centroids_over_short_
+                # rows_take_one_tile`` holds the default tiles' sums.
+                return _config(64, 64, d_pad, 2 if not exact and operand_bytes == 2 else 4, 2, False)
             if exact:
                 return _config(32 if operand_bytes == 4 else 64, min(32, k_tile), d_pad, 2, 2, False)
             return _config(64, min(32, k_tile), d_pad, 2, 3 if operand_bytes == 4 else 2, False)

@@ -909,8 +909,8 @@ def test_exact_mode_is_all_3xtf32_for_short_rows_and_few_clusters(d, k, tf32x3, 
 
 @pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
 @pytest.mark.parametrize("precision", ["exact", "fast"])
-@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 1024), (100_003, 2, 32), (100_003, 4, 40),
-                                   (100_003, 1, 7), (50_000, 128, 500)])
+@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 64), (1_000_003, 24, 48), (245_760, 32, 1024),
+                                   (100_003, 2, 32), (100_003, 4, 40), (100_003, 1, 7), (50_000, 128, 500)])
 def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
     g = torch.Generator(device="cuda").manual_seed(n + d + k)
     x = torch.randn(n, d, device="cuda", generator=g)
@@ -1314,6 +1314,35 @@ def test_carry_prefetch_rule(monkeypatch):
     for setting in ("0", "1", "2"):
         monkeypatch.setenv("TORCHKM_CARRY_PREFETCH", setting)
         assert _carry_prefetch(False) == _carry_prefetch(True) == int(setting)
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_gpu_for_bf16)])
+@pytest.mark.parametrize("d,k", [(16, 40), (24, 48), (32, 64)])
+def test_up_to_64_centroids_over_short_rows_take_one_tile(precision, dtype, d, k):
+    """33-64 centroids over rows of at most 32 features, at the default tiles: one tile of 64
+    centroids but for the fast mode over padded features (d = 24 here). Labels equal float64's
+    but for near-ties, and sums and counts those of the labels, on centred rows with previous
+    labels. (On an H200 the fast mode over padded fp32 rows summed wrong, 3e-2 relative, with a
+    64-centroid tile of four warps: ``configs.assign_config`` keeps it off that config.)"""
+    from torchkm._kernels.configs import assign_config
+
+    n = 3001 if ON_GPU else 200
+    x, c = _data(n, d, k, seed=61 + d, dtype=dtype)
+    g = torch.Generator().manual_seed(62)
+    offset = (0.1 * torch.randn(d, generator=g)).to(DEVICE)
+    prev = torch.randint(0, k, (n,), generator=g).to(DEVICE)
+    cfg = assign_config(n, k, d, dtype, precision)
+    assert cfg["BLOCK_K"] == (32 if precision == "fast" and d == 24 else 64)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    out = assign(x, c, precision=precision, offset=offset, raw_norms=x.float().norm(dim=1), prev_labels=prev,
+                 sums=sums, counts=counts)
+    _check_labels(x.float() - offset, c, out.labels, precision, input_dtype=dtype)
+    assert int(out.changed) == int((out.labels != prev).sum())
+    ref_sums, ref_counts = update_reference(x.float(), out.labels, k, offset=offset)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(counts, ref_counts, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("precision", ["exact", "fast"])

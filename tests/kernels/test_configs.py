@@ -46,9 +46,11 @@ def test_candidate_exact_tiles_follow_the_switch(monkeypatch):
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 def test_short_rows_take_lazy_narrow_tiles_and_two_warps_over_few_centroids(k, d, dtype, precision):
     """Rows of at most 32 features: the whole row in one chunk, lazy minimum, at most 32 centroids a
-    tile; over at most 64 centroids two warps (the one-hot sums weigh most there), over row lists
-    (the bounds engine) the four-warp tiles, so that whole tiles of whole rows (``_one_chunk`` 2)
-    come from d = 32 and k a multiple of 32."""
+    tile; over at most 32 centroids two warps (the one-hot sums weigh most there), over 33-64 one
+    tile of 64 with four warps (two for the fast mode over 16-bit rows; not for the fast mode over
+    padded features, which keeps the 32-centroid tiles), over row lists (the bounds engine) the
+    four-warp tiles, so that whole tiles of whole rows (``_one_chunk`` 2) come from d = 32 and k a
+    multiple of the tile."""
     import torch
     from torchkm._kernels.assign import _one_chunk
     from torchkm._kernels.configs import assign_config
@@ -57,8 +59,13 @@ def test_short_rows_take_lazy_narrow_tiles_and_two_warps_over_few_centroids(k, d
     cfg = assign_config(245_760, k, d, dt, precision)
     listed = assign_config(245_760, k, d, dt, precision, row_list=True)
     assert cfg["BLOCK_D"] == max(16, 1 << (d - 1).bit_length()) and not cfg["EAGER"] and not cfg["SWAP"]
-    assert cfg["BLOCK_K"] <= 32 and listed["BLOCK_K"] <= 64
-    assert cfg["num_warps"] == (2 if k <= 64 else 4) and listed["num_warps"] == 4
+    one_tile_64 = 32 < k <= 64 and (precision == "exact" or d == cfg["BLOCK_D"])
+    assert cfg["BLOCK_K"] == (64 if one_tile_64 else min(32, max(16, 1 << (k - 1).bit_length())))
+    assert listed["BLOCK_K"] <= 64 and listed["num_warps"] == 4
+    if one_tile_64:
+        assert cfg["num_warps"] == (2 if precision == "fast" and dtype == "bfloat16" else 4)
+    else:
+        assert cfg["num_warps"] == (2 if k <= 64 else 4)
     assert (_one_chunk(cfg, k, d) == 2) == (d == cfg["BLOCK_D"] and k % cfg["BLOCK_K"] == 0)
     if d == 32 and k in (32, 64, 1024):
         assert _one_chunk(cfg, k, d) == 2
