@@ -417,7 +417,17 @@ def main() -> None:
                         help="also print each kernel's GPU ms per iteration (differential, see profile)")
     parser.add_argument("--no-flash", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--no-pruned", action="store_true", help="leave out algorithm=\"pruned\"")
+    parser.add_argument("--extra", nargs="*", default=[], metavar="NAME=N,D,K",
+                        help="other workloads, run besides those of --only")
     args = parser.parse_args()
+    workloads = list(WORKLOADS)
+    extra_names = set()
+    for spec in args.extra:
+        name, _, dims = spec.partition("=")
+        n, d, k = (int(v) for v in dims.split(","))
+        workloads.append((name, n, d, k))
+        extra_names.add(name)
     torch.backends.cuda.matmul.allow_tf32 = False
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
@@ -433,8 +443,8 @@ def main() -> None:
     print(info)
     print({k: round(v, 2) for k, v in ceil.items()}, flush=True)
     rows = []
-    for name, n, d, k in WORKLOADS:
-        if args.only and name not in args.only:
+    for name, n, d, k in workloads:
+        if (args.only is not None or extra_names) and name not in (args.only or []) and name not in extra_names:
             continue
         g = torch.Generator(device="cuda").manual_seed(int(time.time()))
         x32 = torch.randn(n, d, device="cuda", generator=g)
@@ -463,7 +473,8 @@ def main() -> None:
                     lambda m, x=x, c0=c0, p=precision: torchkm_lloyd(x, c0, m, p), iters)
                 if block != _loop._GRAPH_BLOCK:
                     row[f"ours_{precision}_block"] = block
-            if d <= _ops.BOX_MAX_D or (_ops.bounds_supported(DataView(x, torch.float32)) and n * k * d < 1e12):
+            if not args.no_pruned and (d <= _ops.BOX_MAX_D or (_ops.bounds_supported(DataView(x, torch.float32))
+                                                               and n * k * d < 1e12)):
                 # algorithm="pruned": the box engine at small d, the bounds engine past 8 features
                 # (not at 1M x 768 x 8192 and 10M x 128 x 65,536: seconds per pass on N(0, 1) rows,
                 # where few rows settle)
