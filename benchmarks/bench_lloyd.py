@@ -58,6 +58,18 @@ WORKLOADS = [  # (name, n, d, k): DESIGN.md section 4, plus the vocabulary-scale
 ]
 
 
+def select_workloads(only: list[str] | None, extra: list[str]) -> list[tuple[str, int, int, int]]:
+    """The workloads a run takes: ``WORKLOADS`` named in ``only`` (all of them when ``only`` is None
+    and there are no extras), then each ``extra`` spec ``NAME=n,d,k``."""
+    extras = []
+    for spec in extra:
+        name, _, dims = spec.partition("=")
+        n, d, k = (int(v) for v in dims.split(","))
+        extras.append((name, n, d, k))
+    named = WORKLOADS if only is None and not extras else [w for w in WORKLOADS if w[0] in (only or [])]
+    return list(named) + extras
+
+
 def ms(fn) -> float:
     return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
@@ -421,13 +433,6 @@ def main() -> None:
     parser.add_argument("--extra", nargs="*", default=[], metavar="NAME=N,D,K",
                         help="other workloads, run besides those of --only")
     args = parser.parse_args()
-    workloads = list(WORKLOADS)
-    extra_names = set()
-    for spec in args.extra:
-        name, _, dims = spec.partition("=")
-        n, d, k = (int(v) for v in dims.split(","))
-        workloads.append((name, n, d, k))
-        extra_names.add(name)
     torch.backends.cuda.matmul.allow_tf32 = False
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
@@ -443,9 +448,7 @@ def main() -> None:
     print(info)
     print({k: round(v, 2) for k, v in ceil.items()}, flush=True)
     rows = []
-    for name, n, d, k in workloads:
-        if (args.only is not None or extra_names) and name not in (args.only or []) and name not in extra_names:
-            continue
+    for name, n, d, k in select_workloads(args.only, args.extra):
         g = torch.Generator(device="cuda").manual_seed(int(time.time()))
         x32 = torch.randn(n, d, device="cuda", generator=g)
         c0 = distinct_rows(x32, k, g)

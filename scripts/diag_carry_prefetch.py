@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from bench_lloyd import graph_ms  # noqa: E402
+from bench_lloyd import graph_ms, select_workloads  # noqa: E402
 
 SHAPES = {"A": (245_760, 32, 32), "A16": (3_932_160, 32, 32)}
 
@@ -45,12 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     configs = [None] + [dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_D", "num_warps", "num_stages"),
                                  (int(v) for v in spec.split(","))), EAGER=False, SWAP=False) for spec in args.configs]
-    for spec in args.extra:
-        name, dims = spec.split("=")
-        SHAPES[name] = tuple(int(v) for v in dims.split(","))
+    shapes = [(name, *SHAPES[name]) for name in args.only] + select_workloads([], args.extra)
     out = []
-    for name in args.only + [spec.split("=")[0] for spec in args.extra]:
-        n, d, k = SHAPES[name]
+    for name, n, d, k in shapes:
         for dtype in (torch.float32, torch.bfloat16):
             g = torch.Generator(device="cuda").manual_seed(int(time.time() * 1000) % 2**31)
             x = torch.randn(n, d, device="cuda", generator=g).to(dtype)

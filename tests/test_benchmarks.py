@@ -33,6 +33,15 @@ def test_bench_lloyd_torchkm_lloyd_on_cpu() -> None:
     assert bench_lloyd.torchkm_lloyd(blobs, blobs[[0, 50]].clone(), 20, "exact") == (2, True)
 
 
+def test_bench_lloyd_selects_named_and_extra_workloads() -> None:
+    names = [w[0] for w in bench_lloyd.WORKLOADS]
+    assert [w[0] for w in bench_lloyd.select_workloads(None, [])] == names
+    assert bench_lloyd.select_workloads(["seed000-B"], []) == [("seed000-B", 245_760, 32, 1024)]
+    assert bench_lloyd.select_workloads(None, ["K64=1000,32,64"]) == [("K64", 1000, 32, 64)]
+    assert bench_lloyd.select_workloads([], ["K64=1000,32,64"]) == [("K64", 1000, 32, 64)]
+    assert bench_lloyd.select_workloads(["seed000-A"], ["K=5,3,2"]) == [("seed000-A", 245_760, 32, 32), ("K", 5, 3, 2)]
+
+
 def test_bench_lloyd_starts_from_distinct_rows() -> None:
     x = torch.arange(64.0).reshape(32, 2)  # every row distinct
     c0 = bench_lloyd.distinct_rows(x, 32, torch.Generator().manual_seed(1))
