@@ -53,14 +53,25 @@ def test_pruned_fit_equals_dense_fit(kernels, algorithm, seed, sigma2):
     assert all(h.kernel == "lloyd" and h.skipped == 0.0 for h in ref.history)
 
 
+# (bf16 rows: their one-hot sums multiply bf16 parts, which the interpreter mishandles.)
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if ON_GPU else []))
 @pytest.mark.parametrize("k", [48, 64])
-def test_pruned_over_33_to_64_clusters_of_32_features(kernels, k):
+def test_pruned_over_33_to_64_clusters_of_32_features(kernels, k, dtype):
     """The bounds engine over 33-64 clusters of rows of 32 features, whose exact passes defer
-    rows to the re-search: the fit runs and lands where the dense one does. (On an H200 the
-    re-search of one unmasked 64-centroid tile, k = 64, read shared memory out of bounds and
-    stopped the process: ``configs.assign_config`` gives it tiles of 32 centroids.)"""
+    rows to the re-search: its first iteration gives the centroids of a float64 Lloyd step, and
+    the fit lands where the dense one does. (On an H200 the re-search's one-hot sums were
+    miscompiled there: wrong centroids over fp32 rows, an illegal memory access over bf16 ones;
+    the re-search now adds its rows by atomics.)"""
     n = 24_576 if ON_GPU else 300
-    x = _seed000(n, 32, k, 0.05, 3)
+    x = _seed000(n, 32, k, 0.05, 3).to(dtype)
+    c0 = x[:k].float()  # distinct rows: seed 000's rows are shuffled around k centres
+    one = torchkm.fit(x, k, init=c0, max_iter=1, tol=0.0, algorithm="pruned")
+    assert {h.kernel for h in one.history} == {"pruned"}
+    x64 = x.double()
+    labels64 = torch.cdist(x64, c0.double()).argmin(1)
+    counts = torch.bincount(labels64, minlength=k).double()
+    means = torch.zeros(k, 32, dtype=torch.float64, device=x.device).index_add_(0, labels64, x64) / counts[:, None]
+    torch.testing.assert_close(one.centroids.double(), means, rtol=0, atol=1e-5)
     kw = {"init": "random", "random_state": 3, "max_iter": 8 if ON_GPU else 3, "tol": 0.0}
     ref = torchkm.fit(x, k, **kw)
     got = torchkm.fit(x, k, algorithm="pruned", **kw)

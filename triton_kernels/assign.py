@@ -2563,6 +2563,15 @@ class AssignPass:
                     HAS_CONTROL=control is not None, SLOT_LIST=candidates,
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                 )
+            # The deferred rows (a few percent) add their sums by per-row atomics, not by the one-hot
+            # product of few clusters. In this kernel Triton 3.6 gave that product's wgmma a
+            # shared-memory address past its allocation: the bounds engine's first pass over 24,576
+            # x 32, k = 64, stopped with an illegal memory access over bf16 rows (compute-sanitizer:
+            # an HGMMA.64x32x16.F32.BF16 of the one-hot sums reading 0x6800 of 20,480 bytes), and
+            # over fp32 rows its sums came out wrong (centroids 1.2e-2 off a float64 Lloyd step,
+            # labels right; H200, 2026-12-03, BENCHMARKS.md). With atomics: 2.5e-7, no errors.
+            few_rows_update = ({"UPDATE": UPDATE_ATOMIC, "KP": 16, "DP": 16}
+                               if self.update in (UPDATE_ONEHOT, UPDATE_CARRY) and not moves else {})
             launcher(_assign_kernel)[(self.recheck_grid,)](
                 x, prepared.c_exact, spare("c_lo"), prepared.bias_exact, row_index_ptr=self.flag_rows,
                 row_count_ptr=self.flag_count, flag_count_ptr=spare("flag_count", torch.int32),
@@ -2573,7 +2582,7 @@ class AssignPass:
                 part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, ONE_TILE=False, **cfg,
-                **common,
+                **{**common, **few_rows_update},
             )
 
 

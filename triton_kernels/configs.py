@@ -75,10 +75,7 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     if precision == "tf32x3":
         # Re-search of the deferred rows: three products per tile, so features are streamed.
         if d_pad <= 32:
-            # At most 64 centroids: tiles of 32. A single unmasked tile of 64 (k = 64; the bounds
-            # engine's passes, which defer rows at so few clusters) read shared memory out of
-            # bounds on an H200 (compute-sanitizer, Triton 3.6, 2026-12-03; tests/test_pruned.py).
-            return _config(64, min(32 if k <= 64 else 64, k_tile), d_pad, 4, 2, False)
+            return _config(64, min(64, k_tile), d_pad, 4, 2, False)
         return _config(128, k_tile, 32, 8, 4, True)
     operand_bytes = 4 if (dtype == torch.float32 or precision == "ieee") else 2
     exact = precision == "exact"
