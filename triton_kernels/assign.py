@@ -108,6 +108,7 @@ from .centroids import _round_tf32, amax_parts, centroid_parts, prepare_centroid
 from .configs import (
     FEW_ROWS,
     assign_config,
+    atomic_replicas,
     candidate_chunks,
     candidate_config,
     candidate_exact_config,
@@ -1954,7 +1955,8 @@ class AssignPass:
         if not update:
             self.update, n_replicas = UPDATE_NONE, 1
         elif k > onehot_max_k(d):
-            self.update, n_replicas = UPDATE_ATOMIC, 1
+            # (The small-d kernel adds into the first copy only.)
+            self.update, n_replicas = UPDATE_ATOMIC, 1 if self.small_d else atomic_replicas(k, d)
         elif carries(k, d) and not self.small_d:
             # Each program adds its sums once (persistent programs, see ``carries``): no queueing.
             self.update, n_replicas = UPDATE_CARRY, 1

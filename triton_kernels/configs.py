@@ -15,6 +15,7 @@ distance bound / the distance bound also for fp32 rows of at most 32 features),
 never; see ``assign.AssignPass``) and ``TORCHKM_TOP3_NETWORK=0`` (that search finds a tile's best three
 by three successive minima instead of ``assign._lowest_three``'s merging network) and ``TORCHKM_HALF_OPERANDS=0`` (fp32 rows of the streamed and Hopper
 searches multiply tf32 operands, not scaled fp16 ones; see ``assign``'s precision notes), and
+``TORCHKM_ATOMIC_REPLICAS`` (the copies of the per-row atomic sums, see ``atomic_replicas``) and
 ``TORCHKM_FIXED_ROWS=0`` (every pass of a fit reads the rows' largest |x| for those operands, not
 only the first; see ``assign.AssignPass``) and ``TORCHKM_REUSE_PASSES=0`` (``assign`` builds a new pass
 for every call instead of reusing one per shape; see ``assign._reusable_key``) and
@@ -33,7 +34,7 @@ import os
 import torch
 import triton
 
-__all__ = ["FEW_ROWS", "assign_config", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch",
+__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch",
            "update_config"]
 
 
@@ -175,6 +176,28 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     if d_pad <= one_chunk and not exact:
         return _config(64, min(64, k_tile), d_pad, 4, 2, False)
     return _config(128, k_tile, 64, 8, 3, True)
+
+
+def atomic_replicas(k: int, d: int) -> int:
+    """Copies (replicas) of the fused sums where each row adds its features by its own atomics
+    (more than ``onehot_max_k`` clusters): program ``p`` adds into copy ``p % R``, and the update
+    sums the copies. Depends on k and d only, so that data-parallel ranks share the layout.
+
+    Two reasons. Speed: a cluster's k x d addresses take every row of the pass, and same-address
+    atomics queue in L2. Accuracy: a cluster's sum is a chain of n / k fp32 additions; 16-bit rows
+    less an fp32 offset all carry the offset's low bits, so their roundings do not cancel and the
+    error grows with the chain (1.3e-3 relative at 3.9M x 32, k = 128, bf16, centred). R copies
+    make the chains R times shorter. Scatter of centred rows alone (H200, 2026-12-03,
+    ``scripts/diag_atomics.py``), ms and error relative to float64, R = 1 -> 16 -> 64:
+    3.9M x 32, k = 128 bf16 0.94 -> 0.28 -> 0.21, 5.3e-4 -> 3.0e-5 -> 1.4e-5; k = 1,024 fp32
+    0.485 -> 0.279 -> 0.266; 245,760 x 32, k = 1,024 fp32 0.036 -> 0.019 -> 0.022. Copies past
+    about 2 MB cost L2 room instead: 1M x 128, k = 4,096 fp32 0.259 (R = 1), 0.249 (4), 0.313 (16).
+    So R = 2^19 / (k d), between 1 and 64. ``TORCHKM_ATOMIC_REPLICAS`` overrides it (experiments).
+    """
+    forced = os.environ.get("TORCHKM_ATOMIC_REPLICAS")
+    if forced:
+        return max(1, int(forced))
+    return min(64, max(1, (1 << 19) // max(1, k * d)))
 
 
 def candidate_config(dtype: torch.dtype, few_rows: bool = False) -> dict:

@@ -468,7 +468,7 @@ def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
           labels=labels, sq_dist=sq_dist)
         deferred = int(p.flag_count[0])
         listed = int(p.flag_count[p.lists_at:].sum())
-        results[mins] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), deferred, listed)
+        results[mins] = (labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0), deferred, listed)
     labels, sq_dist, sums, counts, deferred, listed = results["1"]
     labels0, sq_dist0, sums0, counts0, deferred0, listed0 = results["0"]
     assert deferred == deferred0 >= 40
@@ -543,7 +543,7 @@ def test_candidate_copy_keeps_the_result(monkeypatch, offset):
           prev_labels=None, labels=labels, sq_dist=sq_dist)
         assert launched.count("_candidate_kernel") == (2 if copy == "1" else 1)
         lists = p.flag_count[p.lists_at:].view(2, -1).sum(1)
-        results[copy] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), int(p.flag_count[0]),
+        results[copy] = (labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0), int(p.flag_count[0]),
                          lists.tolist())
     labels, sq_dist, sums, counts, deferred, lists = results["1"]
     labels0, sq_dist0, sums0, counts0, deferred0, lists0 = results["0"]
@@ -580,7 +580,7 @@ def test_unlisted_candidates_keep_the_result(monkeypatch, offset):
         p(x, c - (shift if offset else 0), offset=shift, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None,
           prev_labels=None, labels=labels, sq_dist=sq_dist)
         assert ("_candidate_plan_kernel" in launched) == (lists == "1") and "_candidate_kernel" in launched
-        results[lists] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), int(p.flag_count[0]))
+        results[lists] = (labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0), int(p.flag_count[0]))
     labels, sq_dist, sums, counts, deferred = results["0"]
     labels1, sq_dist1, sums1, counts1, deferred1 = results["1"]
     # (40 on Hopper GPUs: the search settles the rows with three candidates in the pass)
@@ -620,7 +620,7 @@ def test_packed_keys_keep_the_exact_labels(monkeypatch, dtype, k):
         sq_dist = torch.full((n,), float("nan"), device=DEVICE)
         p(x, c, offset=None, row_scale=None, raw_norms=x.float().norm(dim=1), sample_weight=None, prev_labels=None,
           labels=labels, sq_dist=sq_dist)
-        results[packed] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone(), int(p.flag_count[0]))
+        results[packed] = (labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0), int(p.flag_count[0]))
     labels, sq_dist, sums, counts, deferred = results["1"]
     labels0, sq_dist0, sums0, counts0, deferred0 = results["0"]
     # Both reductions find the same three keys a tile: the same labels, distances and deferred rows
@@ -689,7 +689,7 @@ def test_fp16_operands_keep_the_exact_labels(monkeypatch, k, magnitude):
             sq_dist = torch.full((n,), float("nan"), device=DEVICE)
             p(x, c, offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
               labels=labels, sq_dist=sq_dist)
-            results[precision, half] = (labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone())
+            results[precision, half] = (labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0))
         _check_labels(x, c, results[precision, "1"][0], precision)
     _check_fp16_against_tf32(results, x, k, magnitude)
 
@@ -719,7 +719,7 @@ def test_exact_pass_takes_the_row_norms_itself_when_not_given(monkeypatch, dtype
         if norms is None:
             torch.testing.assert_close(p.own_norms, torch.linalg.vector_norm(x, dim=1, dtype=torch.float32),
                                        rtol=2e-6, atol=0)
-        results.append((labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone()))
+        results.append((labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0)))
     given, own = results
     assert torch.equal(given[0], own[0]) and torch.equal(given[1], own[1]) and torch.equal(given[3], own[3])
     torch.testing.assert_close(given[2], own[2], rtol=1e-5, atol=1e-5)  # float atomics: any order
@@ -745,7 +745,7 @@ def test_fp16_operands_of_fixed_rows_read_their_maxima_once(monkeypatch):
         sq_dist = torch.full((n,), float("nan"), device=DEVICE)
         p(rows, centroids, offset=None, row_scale=None, raw_norms=rows.norm(dim=1), sample_weight=None,
           prev_labels=None, labels=labels, sq_dist=sq_dist)
-        return labels, sq_dist, p.acc_sums[0].clone(), p.acc_counts[0].clone()
+        return labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0)
 
     fixed = AssignPass(x, k, "exact", update=True, config=config, fixed_rows=True)
     assert fixed.half
@@ -925,6 +925,29 @@ def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
     ref_counts = torch.bincount(labels, minlength=k).float()
     assert torch.equal(counts, ref_counts), f"{int((counts != ref_counts).sum())} clusters, total {float(counts.sum())} vs {n}"
     torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="millions of rows a cluster chain need a GPU")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_atomic_sums_of_many_rows_a_cluster_stay_near_float64(precision, dtype):
+    """k > 64: each row adds its features by atomics, so a cluster's sum is a chain of n / k fp32
+    additions. 16-bit rows less an fp32 offset (a fit's centred rows) all carry the offset's low
+    bits, and one chain of 30,000 was 7.8e-4 (relative) off float64; the copies of
+    ``configs.atomic_replicas`` shorten the chains (3.3e-5 on an H200)."""
+    n, d, k = 3_932_160, 32, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(n, d, device="cuda", generator=g).to(dtype)
+    offset = x.float().mean(0)
+    c = x[torch.randint(0, n, (k,), device="cuda", generator=g)].float() - offset
+    labels = torch.full((n,), -7, dtype=torch.int64, device="cuda")
+    sums = torch.zeros(k, d, device="cuda")
+    counts = torch.zeros(k, device="cuda")
+    assign(x, c, precision=precision, offset=offset, raw_norms=x.float().norm(dim=1), labels=labels, sums=sums,
+           counts=counts)
+    ref = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(0, labels, x.double() - offset.double())
+    assert torch.equal(counts, torch.bincount(labels, minlength=k).float())
+    assert float((sums.double() - ref).abs().max() / ref.abs().max()) < 1e-4
 
 
 @pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")

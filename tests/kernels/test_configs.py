@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchkm._kernels.configs import CANDIDATE_CHUNKS, candidate_chunks, candidate_exact_config, lazy_register_cap
+from torchkm._kernels.configs import (
+    CANDIDATE_CHUNKS,
+    atomic_replicas,
+    candidate_chunks,
+    candidate_exact_config,
+    lazy_register_cap,
+)
 
 
 @pytest.mark.parametrize("k", [1, 2, 100, 128, 129, 1000, 4096, 8192, 8193, 65_536, 1_000_000])
@@ -80,3 +86,15 @@ def test_lazy_register_cap(monkeypatch):
     assert lazy_register_cap(False, torch.float32) == 128 == lazy_register_cap(False, torch.bfloat16)
     monkeypatch.setenv("TORCHKM_ASSIGN_MAXNREG", "96,0")
     assert lazy_register_cap(True, torch.bfloat16) == 96 and lazy_register_cap(False, torch.float32) is None
+
+
+def test_atomic_replicas(monkeypatch):
+    """Copies of the per-row atomic sums: about 2 MB of them, between 1 and 64, from k and d only
+    (data-parallel ranks all-reduce the copies as they are); the switch forces a count."""
+    monkeypatch.delenv("TORCHKM_ATOMIC_REPLICAS", raising=False)
+    assert atomic_replicas(128, 32) == 64 and atomic_replicas(1024, 32) == 16
+    assert atomic_replicas(4096, 128) == 1 == atomic_replicas(65_536, 128) == atomic_replicas(1_000_000, 3)
+    assert all(atomic_replicas(k, d) * k * d <= 1 << 19 or atomic_replicas(k, d) == 1
+               for k in (65, 100, 1000, 4096) for d in (1, 17, 32, 129, 768))
+    monkeypatch.setenv("TORCHKM_ATOMIC_REPLICAS", "3")
+    assert atomic_replicas(128, 32) == 3
