@@ -236,7 +236,9 @@ def check_pruned(x: torch.Tensor, c: torch.Tensor) -> dict:
 def check_bounds(x: torch.Tensor, k: int, passes: int = 12) -> dict:
     """The bounds engine (``algorithm="pruned"``, d > 8) on its own: ``passes`` Lloyd passes into a
     poisoned label buffer, each pass's labels checked against a float64 argmin over the centroids
-    it searched (sampled rows), and the fraction of distance computations each pass skipped. It starts
+    it searched (sampled rows) and its new centroids against float64 means of its labels (largest
+    difference relative to the largest mean), and the fraction of distance computations each pass
+    skipped. It starts
     from ``k`` distinct rows (the timed runs' start draws rows with replacement: a repeated one leaves
     a cluster empty in the first pass, where this check would stop, as the Lloyd loop relocates it)."""
     data, offset = centred_view(x)
@@ -246,7 +248,10 @@ def check_bounds(x: torch.Tensor, k: int, passes: int = 12) -> dict:
     engine = _ops.pruned_engine(data, c - offset, labels, None, -1.0, "pruned", graphs=True, block=_loop._GRAPH_BLOCK)
     idx = torch.randint(0, n, (8192,), device=x.device)
     xs = x[idx].double() - offset.double()
-    worst, skipped = 0.0, []
+    # The updated centroids against float64 means of the pass's labels: the labels alone missed
+    # wrong sums once (2026-12-03, BENCHMARKS.md).
+    rows64 = x.double() - offset.double()
+    worst, worst_centroids, skipped = 0.0, 0.0, []
     for t in range(passes):
         engine.iterate(has_prev=t > 0)
         (_, _, _, empty), = engine.read(1)
@@ -256,8 +261,12 @@ def check_bounds(x: torch.Tensor, k: int, passes: int = 12) -> dict:
         skipped.append(engine.info.skipped)
         if empty:  # the Lloyd loop would relocate an empty cluster here; the check stops
             break
-    return {"pruned_labels_off_beyond_ties_pct": worst, "pruned_passes_checked": len(skipped),
-            "pruned_skipped_by_pass": [round(s, 4) for s in skipped]}
+        pass_labels = engine.labels.long()
+        means = torch.zeros(k, x.shape[1], dtype=torch.float64, device=x.device).index_add_(0, pass_labels, rows64)
+        means /= torch.bincount(pass_labels, minlength=k).double()[:, None]
+        worst_centroids = max(worst_centroids, float((engine.c.double() - means).abs().max() / means.abs().max()))
+    return {"pruned_labels_off_beyond_ties_pct": worst, "pruned_centroids_rel_err": worst_centroids,
+            "pruned_passes_checked": len(skipped), "pruned_skipped_by_pass": [round(s, 4) for s in skipped]}
 
 
 def flash(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
@@ -524,7 +533,7 @@ def main() -> None:
             if "ours_pruned" in r:
                 engine = "box engine" if r["d"] <= _ops.BOX_MAX_D else "bounds engine"
                 extra = (f"set-up {r['pruned_setup_ms']:.1f} ms, sums err {r['pruned_sums_rel_err']:.2e}" if "pruned_setup_ms" in r
-                         else f"skipped by pass {r['pruned_skipped_by_pass']}")
+                         else f"centroids err {r['pruned_centroids_rel_err']:.2e}, skipped by pass {r['pruned_skipped_by_pass']}")
                 print(f"{r['workload']} {r['dtype']}: pruned ({engine}) {cell(r, 'ours_pruned')} ms per iteration, "
                       f"flash/pruned {r.get('flash', float('nan')) / r['ours_pruned']:.2f}, "
                       f"labels off {r['pruned_labels_off_beyond_ties_pct']:.3f} %, {extra}")

@@ -101,6 +101,23 @@ def test_bench_lloyd_checks_the_box_engine() -> None:
     assert out["pruned_counts_abs_err"] == 0.0 and out["pruned_changed_first"] == 300
 
 
+def test_bench_lloyd_checks_the_bounds_engine() -> None:
+    """bench_lloyd's check of ``algorithm="pruned"`` at d > 8 (the bounds engine): labels and the
+    updated centroids, which it compares with float64 means of the labels (the labels alone had
+    passed a pruned fit with wrong sums)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    g = torch.Generator().manual_seed(0)
+    centres = torch.rand(20, 17, generator=g)
+    x = (centres[torch.arange(600) % 20] + 0.05 * torch.randn(600, 17, generator=g)).to(device)
+    out = bench_lloyd.check_bounds(x, 20, passes=4)
+    assert out["pruned_passes_checked"] >= 1 and out["pruned_labels_off_beyond_ties_pct"] == 0.0
+    assert out["pruned_centroids_rel_err"] < 1e-5
+
+
 def test_bench_prune_report_prints_both_tables(capsys) -> None:
     entry = {"ms": 1.0, "n_iter": 3, "labels_exact": True, "skipped": 0.5, "skipped_bound": 0.6, "imbalance": 0.1,
              "decomposition_ms": {"ICD": 1.0, "settle pass (bounds)": 3.0}}
