@@ -183,16 +183,18 @@ def atomic_replicas(k: int, d: int) -> int:
     (more than ``onehot_max_k`` clusters): program ``p`` adds into copy ``p % R``, and the update
     sums the copies. Depends on k and d only, so that data-parallel ranks share the layout.
 
-    Two reasons. Speed: a cluster's k x d addresses take every row of the pass, and same-address
+    Two reasons. Speed: a cluster's d addresses take every row of the cluster, and same-address
     atomics queue in L2. Accuracy: a cluster's sum is a chain of n / k fp32 additions; 16-bit rows
     less an fp32 offset all carry the offset's low bits, so their roundings do not cancel and the
-    error grows with the chain (1.3e-3 relative at 3.9M x 32, k = 128, bf16, centred). R copies
-    make the chains R times shorter. Scatter of centred rows alone (H200, 2026-12-03,
-    ``scripts/diag_atomics.py``), ms and error relative to float64, R = 1 -> 16 -> 64:
-    3.9M x 32, k = 128 bf16 0.94 -> 0.28 -> 0.21, 5.3e-4 -> 3.0e-5 -> 1.4e-5; k = 1,024 fp32
-    0.485 -> 0.279 -> 0.266; 245,760 x 32, k = 1,024 fp32 0.036 -> 0.019 -> 0.022. Copies past
-    about 2 MB cost L2 room instead: 1M x 128, k = 4,096 fp32 0.259 (R = 1), 0.249 (4), 0.313 (16).
-    So R = 2^19 / (k d), between 1 and 64. ``TORCHKM_ATOMIC_REPLICAS`` overrides it (experiments).
+    error grows with the chain. R copies make the chains R times shorter. H200, 2026-12-03
+    (BENCHMARKS.md), R = 1 -> 16 -> 64, centred rows: the scatter alone
+    (``scripts/diag_atomics.py``), ms, 3.9M x 32, k = 128 fp32 0.961 -> 0.330 -> 0.258, bf16
+    error relative to float64 5.1e-4 -> 3.0e-5 -> 1.4e-5; k = 1,024 fp32 0.483 -> 0.273 -> 0.263;
+    245,760 x 32, k = 1,024 0.034 -> 0.018 -> 0.019. The fused pass at 3.9M x 32, k = 128: fast
+    fp32 0.978 -> 0.450 -> 0.448 ms, bf16 sums 7.8e-4 -> 1.7e-4 -> 3.3e-5 off; where the search
+    takes longer (k = 1,024) level in time. Copies past about 2 MB cost L2 room instead: 1M x 128,
+    k = 4,096 fp32 scatter 0.256 (R = 1), 0.247 (4), 0.310 (16). So R = 2^19 / (k d), between 1
+    and 64. ``TORCHKM_ATOMIC_REPLICAS`` overrides it (experiments).
     """
     forced = os.environ.get("TORCHKM_ATOMIC_REPLICAS")
     if forced:
