@@ -238,9 +238,9 @@ def check_bounds(x: torch.Tensor, k: int, passes: int = 12) -> dict:
     poisoned label buffer, each pass's labels checked against a float64 argmin over the centroids
     it searched (sampled rows) and its new centroids against float64 means of its labels (largest
     difference relative to the largest mean), and the fraction of distance computations each pass
-    skipped. It starts
-    from ``k`` distinct rows (the timed runs' start draws rows with replacement: a repeated one leaves
-    a cluster empty in the first pass, where this check would stop, as the Lloyd loop relocates it)."""
+    skipped. It starts from ``k`` distinct rows (the timed runs' start draws rows with replacement:
+    a repeated one leaves a cluster empty in the first pass, where this check would stop, as the
+    Lloyd loop relocates it)."""
     data, offset = centred_view(x)
     n = x.shape[0]
     c = x[torch.randperm(n, device=x.device)[:k]].float()
