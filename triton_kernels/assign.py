@@ -57,7 +57,7 @@ Precision (``precision=``):
                (``gap_bound_coefficient``; the best two compared directly only inside it); for
                scaled bf16 rows the centroids then enter as two bf16 parts (two products per
                tile), which leaves few rows inside it.
-               For fp32 rows of at most 32 features and at most 64 centroids, every row is searched
+               For rows of at most 32 features and at most 128 centroids, every row is searched
                with 3xTF32 products instead (cheaper there; ``configs.exact_as_tf32x3``).
   ``"tf32x3"`` / ``"ieee"``  every row with 3xTF32 / fp32 FMA products (reference modes).
 Rows may be centred on ``offset`` and scaled by ``row_scale`` (cosine) as they are loaded, so no
@@ -116,6 +116,7 @@ from .configs import (
     lazy_register_cap,
     num_persistent_programs,
     small_d_launch,
+    tf32x3_rows_config,
 )
 
 __all__ = ["PRECISIONS", "AssignOutput", "PassSums", "assign", "assign_keeping_sums", "assign_reference", "gap_bound_coefficient", "score_bound_coefficients"]
@@ -1934,10 +1935,10 @@ class AssignPass:
         n, d = x.shape
         device = x.device
         if precision == "exact" and not lower_bounds and d > SMALL_D and exact_as_tf32x3(k, d, x.dtype):
-            # Short fp32 rows, few clusters: every row with 3xTF32 products costs less than the best
-            # two (see exact_as_tf32x3), on the exact mode's tiles. ``lower_bounds``: the caller
+            # Short rows, at most 128 clusters: every row with 3xTF32 products costs less than the best
+            # two (see exact_as_tf32x3), all centroids in one tile. ``lower_bounds``: the caller
             # passes ``lower``, which comes from the best two.
-            config = config or assign_config(n, k, d, x.dtype, "exact")
+            config = config or tf32x3_rows_config(n, k, d, x.dtype)
             precision = "tf32x3"
         self.k, self.precision = k, precision
         self.small_d = d <= SMALL_D

@@ -34,7 +34,7 @@ import os
 import torch
 import triton
 
-__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch",
+__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config",
            "update_config"]
 
 
@@ -297,7 +297,8 @@ def lazy_register_cap(exact: bool, dtype: torch.dtype) -> int | None:
 
 def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:
     """Whether the exact mode searches every row with 3xTF32 products instead of keeping the fast
-    pass's best two candidates (and re-searching the close calls with 3xTF32 anyway).
+    pass's best two candidates (and re-searching the close calls with 3xTF32 anyway), on the tiles
+    of ``tf32x3_rows_config``.
 
     For rows of at most 32 features and few clusters, the products are a few instructions per
     tile and keeping the best two (more element-wise work and registers) costs more than tripling
@@ -308,8 +309,25 @@ def exact_as_tf32x3(k: int, d: int, dtype: torch.dtype) -> bool:
     H200, 2026-11-22, bf16, Lloyd iteration at 245,760 x 32, k = 32 (bench_lloyd, three
     alternating runs): 0.046 / 0.085 / 0.076 ms against 0.135 / 0.124 / 0.119 keeping the best two
     (fp16: the same kernel, not measured).
+    65 to 128 clusters take one tile of 128 centroids. H200, 2026-12-03, fused pass replayed
+    (``scripts/diag_exact_x3.py``, centred rows), ms, best two -> every row 3xTF32 on 64 x 128
+    tiles: 3.9M x 32 x 128 fp32 0.977 -> 0.773, bf16 0.989 -> 0.810; 245,760 x 32 x 128 fp32
+    0.074 -> 0.055, bf16 0.076 -> 0.057. At 256 clusters (two such tiles) 3xTF32 lost: 3.9M x 32 x
+    256 fp32 1.26 -> 1.93. ``TORCHKM_EXACT_X3=0``: never (experiments).
     """
-    return dtype in (torch.float32, torch.float16, torch.bfloat16) and triton.next_power_of_2(d) <= 32 and k <= 64
+    if os.environ.get("TORCHKM_EXACT_X3") == "0":
+        return False
+    return dtype in (torch.float32, torch.float16, torch.bfloat16) and triton.next_power_of_2(d) <= 32 and k <= 128
+
+
+def tf32x3_rows_config(n: int, k: int, d: int, dtype: torch.dtype) -> dict:
+    """Tiles of the exact mode where it searches every row in 3xTF32 products
+    (``exact_as_tf32x3``): all centroids in one tile (no running minimum across tiles, the pass's
+    ``ONE_TILE``), of 128 above 64 clusters (H200 measurements in ``exact_as_tf32x3``), otherwise
+    the exact mode's tiles."""
+    if k > 64:
+        return _config(64, 128, max(16, triton.next_power_of_2(d)), 4, 2, False)
+    return assign_config(n, k, d, dtype, "exact")
 
 
 def settle_config() -> dict:

@@ -299,7 +299,7 @@ def test_lazy_exact_search_re_searches_a_runner_up_in_the_winners_slot(search):
     """The best two of row 0 sit in the same centroid slot (indices 1 and 1 + BLOCK_K), closer than the
     rounding bound: the lazy searches keep no index for the second, so the row is re-searched and
     still gets the float64 label; the same pair in different slots is settled in the pass."""
-    d, k = 12, 80  # k > 64: the best-two search (not all 3xTF32, see exact_as_tf32x3)
+    d, k = 12, 144  # k > 128: the best-two search (not all 3xTF32, see exact_as_tf32x3)
     x, c = _data(1, d, k, seed=21)
     c = c * 10  # every other centroid far away
     for first, runner_up in [(1, 17), (1, 18)]:  # slot 1 twice (BLOCK_K = 16), then slots 1 and 2
@@ -702,7 +702,7 @@ def test_exact_pass_takes_the_row_norms_itself_when_not_given(monkeypatch, dtype
     from torchkm._kernels.assign import AssignPass
 
     monkeypatch.setenv("TORCHKM_HALF_OPERANDS", "1" if half else "0")
-    n, k = 203, 70
+    n, k = 203, 150  # k > 128: the best-two route (not all 3xTF32), which needs the norms
     x, c = _fp16_operand_rows(n, d, k, 5, 1.0)
     x = x.to(dtype)
     config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64 if d > 64 else 32, "num_warps": 4, "num_stages": 2,
@@ -883,7 +883,8 @@ def test_large_shape_on_gpu():
     _check_labels(x[rows], c, out.labels[rows], "exact")
 
 
-@pytest.mark.parametrize("d,k,tf32x3", [(12, 64, True), (32, 7, True), (12, 65, False), (33, 7, False)])
+@pytest.mark.parametrize("d,k,tf32x3", [(12, 64, True), (32, 7, True), (12, 65, True), (17, 128, True), (12, 129, False),
+                                         (33, 7, False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_exact_mode_is_all_3xtf32_for_short_rows_and_few_clusters(d, k, tf32x3, dtype):
     """Where keeping the best two costs more than tripling the products (``exact_as_tf32x3``), the
@@ -909,8 +910,9 @@ def test_exact_mode_is_all_3xtf32_for_short_rows_and_few_clusters(d, k, tf32x3, 
 
 @pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
 @pytest.mark.parametrize("precision", ["exact", "fast"])
-@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 64), (1_000_003, 24, 48), (245_760, 32, 1024),
-                                   (100_003, 2, 32), (100_003, 4, 40), (100_003, 1, 7), (50_000, 128, 500)])
+@pytest.mark.parametrize("n,d,k", [(245_760, 32, 32), (245_760, 32, 64), (1_000_003, 24, 48), (245_760, 32, 128),
+                                   (100_003, 17, 80), (245_760, 32, 1024), (100_003, 2, 32), (100_003, 4, 40),
+                                   (100_003, 1, 7), (50_000, 128, 500)])
 def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
     g = torch.Generator(device="cuda").manual_seed(n + d + k)
     x = torch.randn(n, d, device="cuda", generator=g)
@@ -1025,7 +1027,10 @@ def test_no_launch_passes_one_tensor_for_two_pointer_arguments(monkeypatch, d, p
 
     monkeypatch.setattr(assign_module, "launcher", recording_launcher)
     monkeypatch.setattr(centroids_module, "launcher", recording_launcher)
-    k = 72  # k > 64: the exact mode's best-two search and re-search (not all 3xTF32)
+    # The exact mode's best-two search and re-search (not all 3xTF32, which 72 clusters of short
+    # rows would take: ``exact_as_tf32x3``).
+    monkeypatch.setenv("TORCHKM_EXACT_X3", "0")
+    k = 72
     x, c = _data(300, d, k, 5)
     x[:40] = (c[0::2][:20].repeat(2, 1) + c[1::2][:20].repeat(2, 1)) / 2  # ties: the exact mode re-searches
     prev = torch.zeros(300, dtype=torch.int64, device=DEVICE)
@@ -1246,7 +1251,7 @@ def test_packed_lazy_search_launches_with_its_register_cap(monkeypatch, precisio
     80 exact, 128 fast), and gives the same labels as uncapped; the compare-and-select search
     (``TORCHKM_LAZY_KEYS=0``) is launched uncapped."""
     launches = _record_assign_launches(monkeypatch, lambda kwargs: (kwargs.get("LAZY_BITS", 0), kwargs.get("maxnreg")))
-    n, d, k = 150, 17, 70
+    n, d, k = 150, 17, 140  # k > 128: the best-two search (not all 3xTF32)
     x, c = _data(n, d, k, seed=31)
     got = {}
     for lazy in ("1", "0"):

@@ -9,7 +9,9 @@ from torchkm._kernels.configs import (
     atomic_replicas,
     candidate_chunks,
     candidate_exact_config,
+    exact_as_tf32x3,
     lazy_register_cap,
+    tf32x3_rows_config,
 )
 
 
@@ -98,3 +100,18 @@ def test_atomic_replicas(monkeypatch):
                for k in (65, 100, 1000, 4096) for d in (1, 17, 32, 129, 768))
     monkeypatch.setenv("TORCHKM_ATOMIC_REPLICAS", "3")
     assert atomic_replicas(128, 32) == 3
+
+
+@pytest.mark.parametrize("k", [1, 7, 33, 64, 65, 100, 128])
+@pytest.mark.parametrize("d", [9, 17, 32])
+def test_every_row_3xtf32_takes_all_centroids_in_one_tile(monkeypatch, k, d):
+    """Where the exact mode searches every row in 3xTF32 products (rows of at most 32 features, at
+    most 128 centroids, any input dtype), its tiles hold every centroid (one tile: no running
+    minimum) and whole rows; the switch turns the route off."""
+    monkeypatch.delenv("TORCHKM_EXACT_X3", raising=False)
+    assert all(exact_as_tf32x3(k, d, dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16))
+    assert not exact_as_tf32x3(129, d, torch.float32) and not exact_as_tf32x3(k, 33, torch.float32)
+    cfg = tf32x3_rows_config(100_000, k, d, torch.float32)
+    assert cfg["BLOCK_D"] >= d and cfg["BLOCK_K"] >= k and not cfg["EAGER"] and not cfg["SWAP"]
+    monkeypatch.setenv("TORCHKM_EXACT_X3", "0")
+    assert not exact_as_tf32x3(k, d, torch.float32)
