@@ -52,6 +52,7 @@ from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update, shift_top_reference
 from .configs import assign_config, settle_config
 from .lloyd import ReplayedEngine, ReplayedPass, device_tol, launch_key
+from .update import float64_sums
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
@@ -560,8 +561,8 @@ class BoundsEngine(ReplayedEngine):
         self.log[0].copy_(self.record)
 
     def _exact_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> None:
-        """The float64 sums and counts of the rows, as the kernels transform them (``(x - offset) *
-        row_scale``, times the weight), by their current labels, in chunks of at most 16 MB.
+        """The float64 sums and counts of the rows, as the kernels transform them, by their current
+        labels (``update.float64_sums``).
 
         Later passes only add the rows that move, so the base they start from stays in every later
         centroid. The pass's own fp32 atomic sums, chains of up to 10^5 additions into clusters
@@ -570,27 +571,9 @@ class BoundsEngine(ReplayedEngine):
         when it held 31k rows instead of 174k, so its centroid was 7e-5 (relative) off the float64
         mean of its rows; the dense passes' were near 1e-7 (fp32 rows: 1e-7 to 1.4e-4, depending
         on the start)."""
-        x, inp = self.x, self.inputs
-        n, d = x.shape
-        sums.zero_()
-        counts.zero_()
-        offset = None if inp["offset"] is None else inp["offset"].double()
-        chunk = max(1, (1 << 21) // max(1, d))
-        for start in range(0, n, chunk):
-            end = min(n, start + chunk)
-            rows = x[start:end].double()
-            if offset is not None:
-                rows -= offset
-            if inp["row_scale"] is not None:
-                rows *= inp["row_scale"][start:end, None].double()
-            labels = self.labels[start:end].long()
-            if inp["sample_weight"] is None:
-                counts.index_add_(0, labels, torch.ones(end - start, dtype=torch.float64, device=x.device))
-            else:
-                weight = inp["sample_weight"][start:end].double()
-                rows *= weight[:, None]
-                counts.index_add_(0, labels, weight)
-            sums.index_add_(0, labels, rows)
+        inp = self.inputs
+        float64_sums(self.x, self.labels, self.c.shape[0], sample_weight=inp["sample_weight"], offset=inp["offset"],
+                     row_scale=inp["row_scale"], out=(sums, counts))
 
     def _settle_pass(self) -> None:
         p = self.assign_pass

@@ -28,7 +28,7 @@ from ._common import (
 )
 from .configs import update_config
 
-__all__ = ["update", "update_reference"]
+__all__ = ["float64_sums", "update", "update_reference"]
 
 
 @triton.jit
@@ -136,6 +136,46 @@ def update(
     return sums, counts
 
 
+def float64_sums(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    n_clusters: int,
+    *,
+    sample_weight: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-cluster sums and counts (total weights) of the rows as the kernels transform them,
+    ``(x - offset) * row_scale`` times the weight, in float64, in chunks of at most 16 MB of rows.
+
+    ``out``: float64 ``(sums, counts)`` to write into (e.g. buffers a CUDA graph replays)."""
+    n, d = x.shape
+    sums, counts = out if out is not None else (
+        torch.empty(n_clusters, d, dtype=torch.float64, device=x.device),
+        torch.empty(n_clusters, dtype=torch.float64, device=x.device))
+    sums.zero_()
+    counts.zero_()
+    shift = None if offset is None else offset.double()
+    chunk = max(1, (1 << 21) // max(1, d))
+    for start in range(0, n, chunk):
+        end = min(n, start + chunk)
+        rows = x[start:end].double()
+        if shift is not None:
+            rows -= shift
+        if row_scale is not None:
+            rows *= row_scale[start:end, None].double()
+        lab = labels[start:end].long()
+        if sample_weight is None:
+            w = torch.ones(end - start, dtype=torch.float64, device=x.device)
+        else:
+            w = sample_weight[start:end].double()
+            rows *= w[:, None]
+        sums.index_add_(0, lab, rows)
+        counts.index_add_(0, lab, w)
+    return sums, counts
+
+
 def update_reference(
     x: torch.Tensor,
     labels: torch.Tensor,
@@ -146,12 +186,6 @@ def update_reference(
     row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure-torch reference (float64 sums, returned as float32)."""
-    rows = x.double()
-    if offset is not None:
-        rows = rows - offset.double()
-    if row_scale is not None:
-        rows = rows * row_scale.double()[:, None]
-    w = torch.ones(x.shape[0], dtype=torch.float64, device=x.device) if sample_weight is None else sample_weight.double()
-    sums = torch.zeros(n_clusters, x.shape[1], dtype=torch.float64, device=x.device).index_add_(0, labels.long(), rows * w[:, None])
-    counts = torch.zeros(n_clusters, dtype=torch.float64, device=x.device).index_add_(0, labels.long(), w)
+    sums, counts = float64_sums(x, labels, n_clusters, sample_weight=sample_weight, offset=offset,
+                                row_scale=row_scale)
     return sums.float(), counts.float()
