@@ -185,6 +185,30 @@ def test_bounds_engine_with_duplicates_ties_offset_and_weights():
         torch.testing.assert_close(engine.counts.double().cpu(), w_expected, rtol=1e-5, atol=1e-5)
 
 
+def test_bounds_engine_sums_stay_float64_from_its_first_pass():
+    """Later passes change the engine's float64 sums only by the rows that move, so its first
+    pass's sums stay in every later centroid: they are the float64 sums of the transformed, weighted
+    rows (not that pass's fp32 atomic sums, whose rounding over large clusters stayed, up to 7e-5
+    relative on an H200), and after more passes still within fp32 rounding of the moved rows."""
+    n, d, k = 257, 17, 9
+    x, c, offset, weights = _duplicates_case(n, d, k)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    engine = BoundsEngine(x, c - offset, labels, offset=offset, row_scale=None,
+                          raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=weights,
+                          normalize=False, tol=0.0)
+    rows = (x.double() - offset.double()) * weights.double()[:, None]
+    for it in range(3):
+        engine.iterate(has_prev=it > 0)
+        engine.read(1)
+        own = engine.labels.long()
+        sums = torch.zeros(k, d, dtype=torch.float64, device=DEVICE).index_add_(0, own, rows)
+        counts = torch.zeros(k, dtype=torch.float64, device=DEVICE).index_add_(0, own, weights.double())
+        tol = 1e-12 if it == 0 else 1e-6
+        p = engine.assign_pass
+        torch.testing.assert_close(p.move_sums[0], sums, rtol=tol, atol=tol)
+        torch.testing.assert_close(p.move_counts[0], counts, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("announce", [True, False])
 def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_passes(announce):
     """A centroid moved between passes (as empty-cluster relocation does) counts as a move once
