@@ -169,8 +169,10 @@ def torch_dense(x: torch.Tensor, c0: torch.Tensor, n_iter: int) -> None:
 
 
 def centred_view(x: torch.Tensor, precision: str = "exact") -> tuple[DataView, torch.Tensor]:
-    """The view ``fit`` makes of ``x`` (rows centred on their mean, float32 arithmetic) and that mean."""
-    offset = _loop._data_mean(DataView(x, torch.float32), None, Comm())[0]
+    """The view ``fit`` makes of ``x`` (rows centred on their mean, float32 arithmetic) and that
+    offset (``_loop.coarse_offset``: for 16-bit rows the mean on a grid)."""
+    mean, variance = _loop._data_mean(DataView(x, torch.float32), None, Comm(), with_variance=True)
+    offset = _loop.coarse_offset(mean, variance, x.dtype)
     return DataView(x, torch.float32, offset, False, precision), offset
 
 

@@ -126,6 +126,35 @@ def test_input_dtypes(data, dtype):
     assert torch.isfinite(km.cluster_centers_).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_half_rows_centroids_are_their_float64_means(dtype, weighted):
+    """16-bit rows are centred on an offset on a coarse grid (``_loop.coarse_offset``): centred on
+    their float32 mean, equal rows rounded alike and a cluster's mean came out 5e-7 off (here)."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(200_000, 8, generator=gen) * 0.3 + 0.01).to(dtype)
+    w = torch.ones(200_000, dtype=torch.float64) if weighted else None
+    result = torchkm.fit(x, 1, init=x[:1], max_iter=2, sample_weight=w)
+    mean = x.double().mean(0)
+    assert float((result.centroids.double() - mean).abs().max() / mean.abs().max()) < 1.5e-7
+
+
+def test_coarse_offset_centres_half_rows_exactly():
+    from torchkm._loop import coarse_offset
+
+    gen = torch.Generator().manual_seed(1)
+    for scale, shift in [(1.0, 0.0), (0.01, 3.0), (300.0, -1e4)]:
+        x = (torch.randn(10_000, 5, generator=gen) * scale + shift).to(torch.bfloat16)
+        mean = x.double().mean(0).float()
+        offset = coarse_offset(mean, float(x.double().var(0).mean()), x.dtype)
+        assert float((offset - mean).abs().max()) <= scale / 256
+        big = x.float().abs() >= scale / 2
+        assert torch.equal((x.float() - offset).double()[big], (x.double() - offset.double())[big])
+        if shift == 0.0:  # the float32 mean itself is not exact there
+            assert not torch.equal((x.float() - mean).double()[big], (x.double() - mean.double())[big])
+    assert coarse_offset(mean, 1.0, torch.float32) is mean
+
+
 def test_numpy_input_and_noncontiguous_views(data):
     a = torchkm.fit(data.numpy(), 6, random_state=0)
     b = torchkm.fit(data, 6, random_state=0)
