@@ -513,3 +513,27 @@ def test_group_bounds_engine_through_the_api_equals_dense(kernels, monkeypatch):
     _same_fit(got, torchkm.fit(y, 32, init=start, max_iter=8, tol=0.0))
     assert got.history[0].empty_clusters == 1
     assert len(built) == 3
+
+
+@pytest.mark.parametrize("kind,d,bounds", [("pruned", 2, "rows"), ("pruned", 33, "rows"), ("pruned", 33, "groups"),
+                                           ("triangle", 5, "rows")])
+def test_pruned_engines_count_the_labels_they_change(monkeypatch, kind, d, bounds):
+    """Each pass's changed count is the number of labels it changed: the box (d = 2), bounds,
+    group-bounds and triangle engines write labels over the previous ones, as the dense pass does,
+    whose counts were short on an H200 (tests/kernels/test_update.py)."""
+    from torchkm import _ops
+    from torchkm._reference import DataView
+
+    monkeypatch.setenv("TORCHKM_BOUNDS", bounds)
+    n, k = (100_003, 70) if ON_GPU else ((1_003, 7) if kind == "triangle" else (2_003, 70))
+    x = _seed000(n, d, k, 0.05, seed=d)
+    engine = _ops.pruned_engine(DataView(x, torch.float32), x[:k].clone(), torch.empty(n, dtype=torch.int32, device=DEVICE),
+                                None, 0.0, kind, graphs=False)
+    changed = []
+    for it in range(5):
+        before = engine.labels.clone()
+        engine.iterate(has_prev=it > 0)
+        counted = int(engine.read(1)[0][2])
+        changed.append(int((engine.labels != before).sum()) if it else n)
+        assert counted == changed[-1], (it, counted, changed)
+    assert changed[1] > 0
