@@ -71,3 +71,18 @@ def assert_labels_match_except_near_ties(x, c, labels, expected):
 
 def torch_dtype(name):
     return getattr(torch, name)
+
+
+def assert_passes_count_changed_labels(engine, passes):
+    """Run ``passes`` passes of a kernel engine (``iterate``, ``read``, ``labels``) from no labels:
+    each pass's reported changed count must equal the labels it changed (all rows at the first),
+    and the passes must change some label after the first. Returns the true counts."""
+    changed = []
+    for it in range(passes):
+        before = engine.labels.clone()
+        engine.iterate(has_prev=it > 0)
+        counted = int(engine.read(1)[0][2])
+        changed.append(int((engine.labels != before).sum()) if it else engine.labels.shape[0])
+        assert counted == changed[-1], (it, counted, changed)
+    assert changed[1] > 0  # the passes did change labels
+    return changed

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import torchkm
+from tests.helpers import assert_passes_count_changed_labels
 
 pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()
@@ -529,11 +530,4 @@ def test_pruned_engines_count_the_labels_they_change(monkeypatch, kind, d, bound
     x = _seed000(n, d, k, 0.05, seed=d)
     engine = _ops.pruned_engine(DataView(x, torch.float32), x[:k].clone(), torch.empty(n, dtype=torch.int32, device=DEVICE),
                                 None, 0.0, kind, graphs=False)
-    changed = []
-    for it in range(5):
-        before = engine.labels.clone()
-        engine.iterate(has_prev=it > 0)
-        counted = int(engine.read(1)[0][2])
-        changed.append(int((engine.labels != before).sum()) if it else n)
-        assert counted == changed[-1], (it, counted, changed)
-    assert changed[1] > 0
+    assert_passes_count_changed_labels(engine, 5)

@@ -167,13 +167,18 @@ def _duplicates_case(n, d, k):
     return x, c, x.mean(0), weights
 
 
+def _duplicates_engine(n, d, k):
+    """``_duplicates_case``'s rows, offset and weights, and a bounds engine started on them."""
+    x, c, offset, weights = _duplicates_case(n, d, k)
+    engine = BoundsEngine(x, c - offset, torch.empty(n, dtype=torch.int32, device=DEVICE), offset=offset,
+                          row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=weights,
+                          normalize=False, tol=0.0)
+    return x, offset, weights, engine
+
+
 def test_bounds_engine_with_duplicates_ties_offset_and_weights():
     n, d, k = 257, 17, 9
-    x, c, offset, weights = _duplicates_case(n, d, k)
-    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
-    engine = BoundsEngine(x, c - offset, labels, offset=offset, row_scale=None,
-                          raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=weights,
-                          normalize=False, tol=0.0)
+    x, offset, weights, engine = _duplicates_engine(n, d, k)
     for it in range(4):
         c_before = engine.c.clone()
         engine.iterate(has_prev=it > 0)
@@ -191,11 +196,7 @@ def test_bounds_engine_sums_stay_float64_from_its_first_pass():
     rows (not that pass's fp32 atomic sums, whose rounding over large clusters stayed, up to 7e-5
     relative on an H200), and after more passes still within fp32 rounding of the moved rows."""
     n, d, k = 257, 17, 9
-    x, c, offset, weights = _duplicates_case(n, d, k)
-    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
-    engine = BoundsEngine(x, c - offset, labels, offset=offset, row_scale=None,
-                          raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=weights,
-                          normalize=False, tol=0.0)
+    x, offset, weights, engine = _duplicates_engine(n, d, k)
     rows = (x.double() - offset.double()) * weights.double()[:, None]
     for it in range(3):
         engine.iterate(has_prev=it > 0)

@@ -5,6 +5,7 @@ import torch
 from torchkm._kernels.assign import assign
 from torchkm._kernels.update import update, update_reference
 
+from tests.helpers import assert_passes_count_changed_labels
 from tests.kernels.conftest import DEVICE, ON_GPU
 
 
@@ -103,11 +104,4 @@ def test_lloyd_passes_count_the_labels_they_change_in_place(precision, d, k):
     engine = LloydEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), precision=precision, offset=None,
                          row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=None,
                          normalize=False, tol=0.0)
-    changed = []
-    for it in range(4):
-        before = engine.labels.clone()
-        engine.iterate(has_prev=it > 0)
-        counted = int(engine.read(1)[0][2])
-        changed.append(int((engine.labels != before).sum()) if it else n)
-        assert counted == changed[-1], (it, counted, changed)
-    assert changed[1] > 0  # the passes did change labels
+    assert_passes_count_changed_labels(engine, 4)
