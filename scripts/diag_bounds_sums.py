@@ -1,7 +1,8 @@
 """The bounds engine's (``algorithm="pruned"``, d > 8) sums, counts and centroids after each pass,
 against float64 sums and means of that pass's labels: how far off they are, in which cluster, and
 (``err*count/|x|max``) about how many rows' worth; then, on a GPU, the time of the float64 sums
-that the engine takes once per fit after its first pass (``BoundsEngine._exact_sums``).
+that the engine takes once per fit after its first pass (``BoundsEngine._exact_sums``, a kernel)
+against its torch reference (``update.float64_sums_reference``), and their difference.
 
 Rows N(0, 1), centred on their mean as a fit centres them; the start is ``k`` distinct rows.
 Runs on a GPU (CUDA graphs, as a fit replays the passes) or on the CPU under ``TRITON_INTERPRET=1``.
@@ -62,18 +63,41 @@ def main() -> None:
         if empty:
             break
     if dev == "cuda" and hasattr(engine, "_exact_sums"):
+        from torchkm._kernels import update
+
         sums64 = torch.empty(k, d, dtype=torch.float64, device=dev)
         counts64 = torch.empty(k, dtype=torch.float64, device=dev)
-        for _ in range(2):
-            engine._exact_sums(sums64, counts64)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            engine._exact_sums(sums64, counts64)
-        end.record()
-        torch.cuda.synchronize()
-        print(f"float64 sums, once per fit: {start.elapsed_time(end) / 5:.3f} ms")
+        inp = engine.inputs
+        kw = {"sample_weight": inp["sample_weight"], "offset": inp["offset"], "row_scale": inp["row_scale"]}
+        results = {}
 
+        def one_copy():
+            os.environ["TORCHKM_F64_REPLICAS"] = "1"
+            try:
+                update.float64_sums(engine.x, engine.labels, k, out=(sums64, counts64), **kw)
+            finally:
+                del os.environ["TORCHKM_F64_REPLICAS"]
+
+        from torchkm._kernels.configs import float64_replicas
+
+        for name, run in ((f"engine (float64_sums, {float64_replicas(k, d)} copies)",
+                           lambda: engine._exact_sums(sums64, counts64)),
+                          ("float64_sums, 1 copy", one_copy),
+                          ("torch reference", lambda: update.float64_sums_reference(
+                              engine.x, engine.labels, k, out=(sums64, counts64), **kw))):
+            for _ in range(2):
+                run()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                run()
+            end.record()
+            torch.cuda.synchronize()
+            results[name] = (sums64.clone(), counts64.clone())
+            print(f"float64 sums, once per fit, {name}: {start.elapsed_time(end) / 5:.3f} ms", flush=True)
+        (a, ca), _, (b, cb) = results.values()
+        print(f"  kernel vs reference: sums {float((a - b).abs().max() / b.abs().max()):.3g} relative, "
+              f"counts {float((ca - cb).abs().max()):.3g}")
 
 if __name__ == "__main__":
     main()

@@ -202,6 +202,17 @@ def atomic_replicas(k: int, d: int) -> int:
     return min(64, max(1, (1 << 19) // max(1, k * d)))
 
 
+def float64_replicas(k: int, d: int) -> int:
+    """Copies of ``update.float64_sums``' float64 sums, as ``atomic_replicas`` for the fp32 sums:
+    program ``p`` adds into copy ``p % R``, then one sum over the copies, so that the rows of a
+    large cluster do not queue on its d addresses in L2. R = 2^18 / (k d) (the same 2 MB of copies
+    as the fp32 sums' 2^19), between 1 and 64. ``TORCHKM_F64_REPLICAS`` overrides it (experiments)."""
+    forced = os.environ.get("TORCHKM_F64_REPLICAS")
+    if forced:
+        return max(1, int(forced))
+    return min(64, max(1, (1 << 18) // max(1, k * d)))
+
+
 def candidate_config(dtype: torch.dtype, few_rows: bool = False) -> dict:
     """Tiles of the candidate re-search's fast product (``assign._candidate_kernel``): rows x
     centroids x features per step, warps, stages. ``TORCHKM_CANDIDATE_CONFIG``

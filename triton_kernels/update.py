@@ -26,9 +26,9 @@ from ._common import (
     onehot_width,
     transform_rows,
 )
-from .configs import update_config
+from .configs import float64_replicas, update_config
 
-__all__ = ["float64_sums", "update", "update_reference"]
+__all__ = ["float64_sums", "float64_sums_reference", "update", "update_reference"]
 
 
 @triton.jit
@@ -80,6 +80,41 @@ def _segment_sum_kernel(
     tl.store(sums_ptr + cluster * d + dims, tl.sum(acc, axis=0), mask=dim_mask)
     if tl.program_id(1) == 0:
         tl.store(counts_ptr + cluster, tl.sum(w_acc, axis=0))
+
+
+@triton.jit
+def _float64_sums_kernel(
+    x_ptr, labels_ptr, weight_ptr, offset_ptr, scale_ptr, sums_ptr, counts_ptr,
+    n, k, d, stride_xn, stride_xd, replicas,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+):
+    """A (rows x features) tile added into float64 ``sums`` and ``counts`` by its labels, each
+    element by its own atomic, into copy ``program % replicas`` ((replicas, k, d) and (replicas,
+    k)): the rows transformed in float64, ``(x - offset) * row_scale * w``, as
+    ``float64_sums_reference`` does (the kernels' fp32 transform would round)."""
+    copy = (tl.program_id(0) % replicas).to(tl.int64)
+    sums_ptr += copy * k * d
+    counts_ptr += copy * k
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    dims = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dim_mask = dims < d
+    labels = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float64)
+    else:
+        w = row_mask.to(tl.float64)
+    factor = w
+    if HAS_SCALE:
+        factor = factor * tl.load(scale_ptr + rows, mask=row_mask, other=1.0).to(tl.float64)
+    mask = row_mask[:, None] & dim_mask[None, :]
+    xr = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float64)
+    if HAS_OFFSET:
+        xr = xr - tl.load(offset_ptr + dims, mask=dim_mask, other=0.0).to(tl.float64)[None, :]
+    tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], xr * factor[:, None], mask=mask, sem="relaxed")
+    if tl.program_id(1) == 0:
+        tl.atomic_add(counts_ptr + labels, w, mask=row_mask, sem="relaxed")
 
 
 def _transform_args(x, offset, row_scale, sample_weight, dummy):
@@ -147,9 +182,48 @@ def float64_sums(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-cluster sums and counts (total weights) of the rows as the kernels transform them,
-    ``(x - offset) * row_scale`` times the weight, in float64, in chunks of at most 16 MB of rows.
+    ``(x - offset) * row_scale`` times the weight, in float64: one launch of float64 atomics into
+    ``configs.float64_replicas`` copies, then their sum; no float64 copy of the rows
+    (``float64_sums_reference`` converts them in chunks: about ten torch launches a chunk of 16 MB).
+    The order of the additions varies between runs, in float64.
 
     ``out``: float64 ``(sums, counts)`` to write into (e.g. buffers a CUDA graph replays)."""
+    n, d = x.shape
+    sums, counts = out if out is not None else (
+        torch.empty(n_clusters, d, dtype=torch.float64, device=x.device),
+        torch.empty(n_clusters, dtype=torch.float64, device=x.device))
+    replicas = float64_replicas(n_clusters, d) if n > 0 else 1
+    if replicas > 1:
+        copies = torch.zeros(replicas * n_clusters * (d + 1), dtype=torch.float64, device=x.device)
+        copy_sums, copy_counts = copies[:replicas * n_clusters * d], copies[replicas * n_clusters * d:]
+    else:
+        sums.zero_()
+        counts.zero_()
+        copy_sums, copy_counts = sums, counts
+    if n > 0:
+        cfg = update_config(d)
+        transform = _transform_args(x, offset, row_scale, sample_weight, counts)
+        launcher(_float64_sums_kernel)[(triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(d, cfg["BLOCK_D"]))](
+            x, labels, sums_ptr=copy_sums, counts_ptr=copy_counts, n=n, k=n_clusters, d=d, replicas=replicas,
+            **transform, **cfg,
+        )
+    if replicas > 1:
+        torch.sum(copy_sums.view(replicas, n_clusters, d), 0, out=sums)
+        torch.sum(copy_counts.view(replicas, n_clusters), 0, out=counts)
+    return sums, counts
+
+
+def float64_sums_reference(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    n_clusters: int,
+    *,
+    sample_weight: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch reference of ``float64_sums``: float64 rows in chunks of at most 16 MB."""
     n, d = x.shape
     sums, counts = out if out is not None else (
         torch.empty(n_clusters, d, dtype=torch.float64, device=x.device),
@@ -186,6 +260,6 @@ def update_reference(
     row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure-torch reference (float64 sums, returned as float32)."""
-    sums, counts = float64_sums(x, labels, n_clusters, sample_weight=sample_weight, offset=offset,
-                                row_scale=row_scale)
+    sums, counts = float64_sums_reference(x, labels, n_clusters, sample_weight=sample_weight, offset=offset,
+                                          row_scale=row_scale)
     return sums.float(), counts.float()

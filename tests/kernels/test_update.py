@@ -3,7 +3,7 @@
 import pytest
 import torch
 from torchkm._kernels.assign import assign
-from torchkm._kernels.update import update, update_reference
+from torchkm._kernels.update import float64_sums, float64_sums_reference, update, update_reference
 
 from tests.helpers import assert_passes_count_changed_labels
 from tests.kernels.conftest import DEVICE, ON_GPU
@@ -23,6 +23,37 @@ def test_update_matches_reference(deterministic, d, k):
     ref_sums, ref_counts = update_reference(x, labels, k, sample_weight=w, offset=offset)
     torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("replicas", [None, "1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [1, 3, 17, 129])
+@pytest.mark.parametrize("k", [1, 7, 1000])
+def test_float64_sums_match_reference(monkeypatch, replicas, dtype, d, k):
+    """The float64 scatter (one launch of float64 atomics, into ``configs.float64_replicas``
+    copies or, ``TORCHKM_F64_REPLICAS=1``, straight into the sums) against its torch reference,
+    with and without weights, offset and row scales, int32 and int64 labels, into poisoned
+    ``out`` buffers: equal but for the float64 additions' order."""
+    if replicas:
+        monkeypatch.setenv("TORCHKM_F64_REPLICAS", replicas)
+    g = torch.Generator().manual_seed(d * 11 + k)
+    n = 301
+    x = (torch.randn(n, d, generator=g) * 3 + 1).to(dtype).to(DEVICE)
+    labels = torch.randint(0, k, (n,), generator=g).to(DEVICE)
+    w = torch.rand(n, generator=g).to(DEVICE)
+    offset = torch.randn(d, generator=g).to(DEVICE)
+    scale = (torch.rand(n, generator=g) + 0.5).to(DEVICE)
+    for kw in ({}, {"sample_weight": w, "offset": offset, "row_scale": scale}):
+        for lab in (labels, labels.int()):
+            out = (torch.full((k, d), float("nan"), dtype=torch.float64, device=DEVICE),
+                   torch.full((k,), float("nan"), dtype=torch.float64, device=DEVICE))
+            sums, counts = float64_sums(x, lab, k, out=out, **kw)
+            assert sums is out[0] and counts is out[1]
+            ref_sums, ref_counts = float64_sums_reference(x, lab, k, **kw)
+            torch.testing.assert_close(sums, ref_sums, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(counts, ref_counts, rtol=1e-12, atol=1e-12)
+    empty = float64_sums(x[:0], labels[:0], k)
+    assert not empty[0].any() and not empty[1].any()
 
 
 def test_row_scale_half_input_and_int32_labels():
