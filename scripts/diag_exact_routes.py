@@ -6,11 +6,14 @@ calls. Both are exact up to ties within fp32 rounding, so they may part only on 
 The data are like those of ``tests/test_pruned.py``'s group-bounds test, whose histories parted
 on an H200 (2026-12-02: labels changed at the second iteration 9 against dense Lloyd's 8, with the
 same final labels, for the per-row and the group bounds engines alike; the CPU interpreter's fits
-agreed): cosine rows (scaled by 1 / ||x||) with sample weights, shifted off the origin by
-``--shift`` (at 50 the rows are nearly parallel and many are close calls). Prints, per route, the
-rows re-searched and the sums' and counts' largest errors against float64 from its own labels;
-then the rows whose labels differ between the routes, with the float64 gap between the two
-labels' distances. Runs on a GPU, or on the CPU under ``TRITON_INTERPRET=1``.
+agreed). That was not these routes but the fused pass's undercount of changed labels, fixed on
+2026-12-03 (BENCHMARKS.md: with the fix, 12 such fits at shift 50 kept dense Lloyd's histories;
+with the old kernels 11 of 12 parted). Cosine rows (scaled by 1 / ||x||) with sample weights,
+shifted off the origin by ``--shift`` (at 50 the rows are nearly parallel and many are close
+calls). Prints, per route, the rows re-searched and the sums' and counts' largest errors against
+float64 from its own labels; then the rows whose labels differ between the routes, with the
+float64 gap between the two labels' distances. Runs on a GPU, or on the CPU under
+``TRITON_INTERPRET=1``.
 
 CPU interpreter, 2026-12-02, 10 centroid draws of 32 rows: at shift 50 the routes part on 15 of
 2,560 rows, each route the one off float64 on some of them, all gaps 3e-8 to 2e-7 against unit
