@@ -7,8 +7,9 @@ The data are like those of ``tests/test_pruned.py``'s group-bounds test, whose h
 on an H200 (2026-12-02: labels changed at the second iteration 9 against dense Lloyd's 8, with the
 same final labels, for the per-row and the group bounds engines alike; the CPU interpreter's fits
 agreed). That was not these routes but the fused pass's undercount of changed labels, fixed on
-2026-12-03 (BENCHMARKS.md: with the fix, 12 such fits at shift 50 kept dense Lloyd's histories;
-with the old kernels 11 of 12 parted). Cosine rows (scaled by 1 / ||x||) with sample weights,
+2026-12-03 (BENCHMARKS.md: with the fix, 12 such fits at shifts 50 and 5 kept dense Lloyd's
+histories for each engine; with the old kernels the per-row engine's parted in 11 of 12, the
+group-bounds engine's in none). Cosine rows (scaled by 1 / ||x||) with sample weights,
 shifted off the origin by ``--shift`` (at 50 the rows are nearly parallel and many are close
 calls). Prints, per route, the rows re-searched and the sums' and counts' largest errors against
 float64 from its own labels; then the rows whose labels differ between the routes, with the

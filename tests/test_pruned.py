@@ -507,7 +507,7 @@ def test_group_bounds_engine_through_the_api_equals_dense(kernels, monkeypatch):
     # Lloyd here, the best two and a re-search for the engine) part on rows whose gap is a tie by
     # ``tie_tolerance`` (scripts/diag_exact_routes.py). (The parted histories an H200 showed at
     # x + 50 on 2026-12-02 were the fused pass's undercount of changed labels, fixed on 2026-12-03:
-    # with the fix 12 such fits kept dense Lloyd's histories, BENCHMARKS.md.)
+    # with the fix 12 such fits at x + 50 and x + 5 kept dense Lloyd's histories, BENCHMARKS.md.)
     _same_fit(torchkm.fit(x + 5.0, 32, algorithm="pruned", **kw), torchkm.fit(x + 5.0, 32, **kw))
     y = x.clone()
     y[50:120] = y[0]  # many identical rows
