@@ -171,6 +171,14 @@ def update(
     return sums, counts
 
 
+def _float64_out(out, n_clusters: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caller's float64 ``(sums, counts)``, or new ones."""
+    if out is not None:
+        return out
+    return (torch.empty(n_clusters, d, dtype=torch.float64, device=device),
+            torch.empty(n_clusters, dtype=torch.float64, device=device))
+
+
 def float64_sums(
     x: torch.Tensor,
     labels: torch.Tensor,
@@ -189,9 +197,7 @@ def float64_sums(
 
     ``out``: float64 ``(sums, counts)`` to write into (e.g. buffers a CUDA graph replays)."""
     n, d = x.shape
-    sums, counts = out if out is not None else (
-        torch.empty(n_clusters, d, dtype=torch.float64, device=x.device),
-        torch.empty(n_clusters, dtype=torch.float64, device=x.device))
+    sums, counts = _float64_out(out, n_clusters, d, x.device)
     replicas = float64_replicas(n_clusters, d) if n > 0 else 1
     if replicas > 1:
         copies = torch.zeros(replicas * n_clusters * (d + 1), dtype=torch.float64, device=x.device)
@@ -225,9 +231,7 @@ def float64_sums_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure-torch reference of ``float64_sums``: float64 rows in chunks of at most 16 MB."""
     n, d = x.shape
-    sums, counts = out if out is not None else (
-        torch.empty(n_clusters, d, dtype=torch.float64, device=x.device),
-        torch.empty(n_clusters, dtype=torch.float64, device=x.device))
+    sums, counts = _float64_out(out, n_clusters, d, x.device)
     sums.zero_()
     counts.zero_()
     shift = None if offset is None else offset.double()
