@@ -8,6 +8,8 @@ Two kernels behind one ``update``:
                       feature chunk) sums its segment in a fixed order (seed 002's sorted,
                       segmented reduction). Bit-identical reruns.
 The fused assignment kernel (``assign(..., sums=, counts=)``) does the first while it reads x anyway.
+``float64_sums`` (with ``float64_sums_reference`` in torch) takes the same sums in float64, for the
+bounds engine, whose later passes only add the rows that change cluster to that base.
 Rows are read transformed, ``(x - offset) * row_scale``, as in the assignment kernel.
 """
 
