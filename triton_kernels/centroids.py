@@ -24,7 +24,8 @@ from ._common import launcher, unused
 __all__ = ["Prepared", "amax_parts", "centre_rows", "centroid_parts", "centre_rows_reference", "finish_update", "finish_update_reference",
            "half_row_floor", "half_scale_reference",
            "prepare_centroids", "prepare_centroids_reference",
-           "round_to_tf32", "row_norms", "row_norms_reference", "shift_top_reference", "unpack_shift_top"]
+           "moves_reference", "round_to_tf32", "row_norms", "row_norms_reference", "shift_top_reference",
+           "unpack_shift_top"]
 
 
 @triton.jit
@@ -496,10 +497,11 @@ def prepare_centroids_reference(
 @triton.jit(do_not_specialize=["log_rows"])  # (a block's length: one compile for every block)
 def _finish_kernel(
     acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
-    part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, control_ptr, shift_top_ptr, shift_margin,
+    part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr, control_ptr, shift_top_ptr, shift_margin, moves_ptr,
     tally_a_ptr, tally_b_ptr, k, d, log_ptr, log_rows, stats_prev_ptr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, HAS_CONTROL: tl.constexpr,
-    PARTS_BLOCK: tl.constexpr, SHIFT_TOP: tl.constexpr, TALLIES: tl.constexpr, LOG_WIDTH: tl.constexpr,
+    PARTS_BLOCK: tl.constexpr, SHIFT_TOP: tl.constexpr, MOVES: tl.constexpr, TALLIES: tl.constexpr,
+    LOG_WIDTH: tl.constexpr,
 ):
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
@@ -517,7 +519,8 @@ def _finish_kernel(
                 tl.store(stats_ptr + 5, tl.load(tally_b_ptr).to(tl.float64))
         if tl.program_id(0) < tl.cdiv(k, BLOCK_K):
             _finish_body(acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr,
-                         stats_ptr, shift_top_ptr, shift_margin, k, d, BLOCK_K, BLOCK_D, NORMALIZE, SHIFT_TOP)
+                         stats_ptr, shift_top_ptr, shift_margin, moves_ptr, k, d, BLOCK_K, BLOCK_D, NORMALIZE, SHIFT_TOP,
+                         MOVES)
         else:
             _partials_body(part_inertia_ptr, part_changed_ptr, n_parts, stats_ptr,
                            tl.program_id(0) - tl.cdiv(k, BLOCK_K), PARTS_BLOCK)
@@ -559,8 +562,9 @@ def _record_stats(stats_ptr, log_ptr, log_rows, stats_prev_ptr, control_ptr, ATO
 @triton.jit
 def _finish_body(
     acc_sums_ptr, acc_counts_ptr, n_replicas, c_ptr, c_old_ptr, sums_ptr, counts_ptr, stats_ptr, shift_top_ptr,
-    shift_margin, k, d,
+    shift_margin, moves_ptr, k, d,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, NORMALIZE: tl.constexpr, SHIFT_TOP: tl.constexpr,
+    MOVES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -626,6 +630,8 @@ def _finish_body(
         second = tl.max(tl.where(keys == first, 0, keys), axis=0)
         displaced = tl.atomic_max(shift_top_ptr, first, sem="relaxed")
         tl.atomic_max(shift_top_ptr + 1, tl.maximum(tl.minimum(displaced, first), second), sem="relaxed")
+    if MOVES:
+        tl.store(moves_ptr + rows, tl.sqrt(shift) * (1.0 + shift_margin), mask=row_mask)
     tl.atomic_add(stats_ptr + 3, tl.sum((row_mask & (counts <= 0)).to(tl.float64), axis=0), sem="relaxed")
 
 
@@ -663,6 +669,7 @@ def finish_update(
     shift_margin: float = 0.0,
     tallies: tuple[torch.Tensor, torch.Tensor] | None = None,
     record: tuple[torch.Tensor, torch.Tensor] | None = None,
+    moves: torch.Tensor | None = None,
 ) -> None:
     """The update step of a Lloyd iteration, in one launch and in place.
 
@@ -677,7 +684,8 @@ def finish_update(
     ``shift_top`` (int64 (2,), zero on entry) receives the two largest centroid moves as keys
     ``(float32 bits of the move) << 32 | centroid index``: slot 0 the largest, slot 1 the second
     largest (``unpack_shift_top``). A move is the norm of the centroid's change, rounded up by the
-    relative ``shift_margin``. ``tallies``: two int32 counters the earlier launches of the iteration
+    relative ``shift_margin``; ``moves`` (float32 (k,)) receives every centroid's move, rounded up
+    alike (``moves_reference``). ``tallies``: two int32 counters the earlier launches of the iteration
     wrote (e.g. rows searched, rows deferred), copied as float64 into ``stats[4]`` and ``stats[5]``
     (``stats`` then has at least 6 elements), so that one copy of ``stats`` records the iteration.
 
@@ -694,6 +702,8 @@ def finish_update(
                          "and stats_prev of 4 elements")
     if shift_top is not None and (shift_top.dtype != torch.int64 or shift_top.numel() != 2):
         raise ValueError("shift_top must be an int64 tensor of 2 elements")
+    if moves is not None and (moves.dtype != torch.float32 or moves.numel() != centroids.shape[0]):
+        raise ValueError("moves must be a float32 tensor of one element per centroid")
     if tallies is not None and stats.numel() < 6:
         raise ValueError("tallies go to stats[4] and stats[5]: stats needs 6 elements")
     k, d = centroids.shape
@@ -708,11 +718,12 @@ def finish_update(
         part_inertia, part_changed, part_inertia.numel(), stats,
         unused(device, torch.int32) if control is None else control,
         unused(device, torch.int64) if shift_top is None else shift_top, shift_margin,
+        unused(device, torch.float32) if moves is None else moves,
         *(tallies if tallies is not None else (unused(device, torch.int32), unused(device, torch.int32))), k, d,
         *(unused(device, torch.float64), 0, unused(device, torch.float64)) if record is None
         else (record[0], record[0].shape[0], record[1]),
         BLOCK_K=block_k, BLOCK_D=block_d, NORMALIZE=normalize, HAS_CONTROL=control is not None,
-        PARTS_BLOCK=parts_block, SHIFT_TOP=shift_top is not None, TALLIES=tallies is not None,
+        PARTS_BLOCK=parts_block, SHIFT_TOP=shift_top is not None, MOVES=moves is not None, TALLIES=tallies is not None,
         LOG_WIDTH=0 if record is None else record[0].shape[1],
     )
 
@@ -723,9 +734,15 @@ def unpack_shift_top(shift_top: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return moves[0], moves[1], shift_top[0] & 0xFFFFFFFF
 
 
+def moves_reference(centroids: torch.Tensor, old_centroids: torch.Tensor, shift_margin: float) -> torch.Tensor:
+    """``finish_update``'s ``moves``: each centroid's move (norm of its change), rounded up by
+    ``shift_margin``, computed with torch (from any two sets of centroids)."""
+    return torch.linalg.vector_norm((centroids - old_centroids).float(), dim=1) * (1.0 + shift_margin)
+
+
 def shift_top_reference(centroids: torch.Tensor, old_centroids: torch.Tensor, shift_margin: float) -> torch.Tensor:
     """``finish_update``'s ``shift_top`` keys computed with torch (from any two sets of centroids)."""
-    moved = torch.linalg.vector_norm((centroids - old_centroids).float(), dim=1) * (1.0 + shift_margin)
+    moved = moves_reference(centroids, old_centroids, shift_margin)
     keys = (moved.view(torch.int32).to(torch.int64) << 32) | torch.arange(moved.numel(), device=moved.device)
     top = torch.topk(keys, min(2, keys.numel())).values
     return torch.cat([top, top.new_zeros(2 - top.numel())])

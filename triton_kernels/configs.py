@@ -34,7 +34,7 @@ import os
 import torch
 import triton
 
-__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config",
+__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config", "top_moves",
            "update_config"]
 
 
@@ -351,6 +351,28 @@ def settle_config() -> dict:
     # H200, 3.9M x 32, k = 1024 (scripts/diag_bounds.py, 2026-11-22): 227 us per pass at 256 rows
     # and 4 warps; 245 at 128 / 4, 243 at 64 / 2, 278 at 256 / 8, 300 at 512 / 8.
     return {"BLOCK_N": 256, "num_warps": 4}
+
+
+def top_moves(k: int, d: int) -> int:
+    """How many of the centroids that moved most the bounds engine's settle pass measures each row
+    against (``prune._top_moves_kernel``): their exact distances replace the bound's decay by their
+    moves, and the others' moves are at most the next largest. 0 (the default): Hamerly's rule alone
+    (the largest move of any other centroid). ``TORCHKM_TOP_MOVES=16`` (a power of two, at least 16)
+    turns it on where the settle pass holds the whole row (d <= 64) and one program selects among
+    all the moves (k <= 4096), for experiments.
+
+    Off because it measured slower. Counted on the CPU (seed 000's data, 245,760 x 32, k = 1,024,
+    sigma^2 = 0.0125), late passes listed 3-11 % of the rows under Hamerly's rule with a few dozen
+    centroids still moving, and 0-5 % with 16 measured: 45 % fewer rows searched over a fit. On an
+    H200 (2026-12-03, the same data, replayed fits) the settle pass took 55 us instead of 17 with
+    the 16 distances as one fp32 product (85-91 us as 16 row reductions), and the late searches
+    barely shrank (their cost has a floor of about 35 us): the fit's kernels 4.20 -> 5.08 ms at
+    sigma^2 = 0.0125, 5.87 -> 5.69 at 0.05; at 3.9M rows, k = 1,024 the fits took 1.3-1.4x longer."""
+    spec = os.environ.get("TORCHKM_TOP_MOVES")
+    if spec and int(spec) > 0 and 3 <= k <= 4096 and d <= 64:
+        # (One product of the row tile with the listed centroids: a power of two, at least 16.)
+        return max(16, triton.next_power_of_2(int(spec)))
+    return 0
 
 
 def update_config(d: int) -> dict:

@@ -22,7 +22,10 @@ Two engines with the interface of ``lloyd.LloydEngine`` (``iterate``, ``read``, 
     compact list. Only the listed rows go through the fused tensor-core search (persistent over the
     list, whose length stays on the device). The per-cluster sums are kept across passes in
     float64, and only the rows whose label changed move between them, so a converged row costs one
-    read of x: no search, no atomics.
+    read of x: no search, no atomics. The first pass searches every row on the dense engine's tiles
+    where those differ. ``TORCHKM_TOP_MOVES`` (experiments, off: ``configs.top_moves``) measures
+    each row against the centroids that moved most as well, lowering the bound by the next largest
+    move only.
 
 Exactness: the bounds carry relative margins larger than fp32 rounding, so a row is kept only when
 its own centroid is nearer than every other by more than the rounding of an fp32 distance; the
@@ -49,14 +52,14 @@ from ._common import (
     transform_rows,
 )
 from .assign import SMALL_D, AssignPass
-from .centroids import block_frozen, finish_update, shift_top_reference
-from .configs import assign_config, settle_config
+from .centroids import block_frozen, finish_update, moves_reference, shift_top_reference
+from .configs import assign_config, settle_config, top_moves
 from .lloyd import ReplayedEngine, ReplayedPass, device_tol, launch_key
 from .update import float64_sums
 
 __all__ = [
     "BoundsEngine", "PassInfo", "TriangleEngine", "distance_margin", "inter_centroid", "scan", "scan_reference",
-    "settle_reference", "workload_stats",
+    "settle_reference", "top_moves_reference", "workload_stats",
 ]
 
 logger = logging.getLogger("torchkm")
@@ -356,10 +359,10 @@ class TriangleEngine:
 
 @triton.jit
 def _settle_kernel(
-    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_top_ptr,
+    x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, shift_top_ptr, top_ptr,
     active_rows_ptr, active_count_ptr, part_inertia_ptr, part_base, control_ptr, stats_prev_ptr, iteration, tol,
     n, d, stride_xn, stride_xd, margin,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr, TOP_M: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_CONTROL: tl.constexpr, CHECK_STOP: tl.constexpr,
 ):
@@ -370,21 +373,27 @@ def _settle_kernel(
     if go:
         inertia = _settle_tile(
             tl.program_id(0), x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr,
-            active_rows_ptr, active_count_ptr, shift_top_ptr, n, d, stride_xn, stride_xd, margin,
-            BLOCK_N, BLOCK_D, ONE_CHUNK, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT)
+            active_rows_ptr, active_count_ptr, shift_top_ptr, top_ptr, n, d, stride_xn, stride_xd, margin,
+            BLOCK_N, BLOCK_D, ONE_CHUNK, TOP_M, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT)
         tl.store(part_inertia_ptr + part_base + tl.program_id(0), inertia)
 
 
 @triton.jit
 def _settle_tile(
     t, x_ptr, c_ptr, offset_ptr, scale_ptr, weight_ptr, labels_ptr, sq_dist_ptr, lower_ptr, active_rows_ptr,
-    active_count_ptr, shift_top_ptr, n, d, stride_xn, stride_xd, margin,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    active_count_ptr, shift_top_ptr, top_ptr, n, d, stride_xn, stride_xd, margin,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr, TOP_M: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
 ):
     """One tile of rows: settle the rows whose own centroid stays nearer than the lowered bound (their
     exact distance, new bound and inertia), list the others for the search. Returns the inertia
-    of the settled rows; their cluster (and so the sums) does not change."""
+    of the settled rows; their cluster (and so the sums) does not change.
+
+    ``TOP_M`` > 0 (with ``ONE_CHUNK``): ``top_ptr`` lists the TOP_M centroids that moved most
+    (``_top_moves_kernel``), then the bits of the largest move among the rest. The bound is lowered
+    by that move only, and the rows' exact distances to the listed centroids (but their own) bound
+    those: late in a fit few centroids still move, and Hamerly's rule alone, lowering every bound
+    by the largest move anywhere, kept listing rows that no move had come near."""
     rows = (tl.zeros((BLOCK_N,), tl.int64) + t) * BLOCK_N + tl.arange(0, BLOCK_N)  # t may be a Python int (interpreter)
     row_mask = rows < n
     # The other centroids moved by at most the largest move but the row's own centroid's
@@ -398,7 +407,10 @@ def _settle_tile(
     else:
         scale = tl.full((BLOCK_N,), 1.0, tl.float32)
     label = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-    moved = tl.where(label == top_index, top2, top1)
+    if TOP_M > 0:
+        moved = tl.zeros((BLOCK_N,), tl.float32) + tl.load(top_ptr + TOP_M).to(tl.float32, bitcast=True)
+    else:
+        moved = tl.where(label == top_index, top2, top1)
     lower = tl.sqrt(tl.load(lower_ptr + rows, mask=row_mask, other=0.0))
     lower = tl.maximum(lower * (1.0 - margin) - moved * (1.0 + margin), 0.0)
     # The exact distance to the row's own moved centroid: the bound's test and the inertia.
@@ -411,6 +423,23 @@ def _settle_tile(
         cr = tl.load(c_ptr + label[:, None] * d + dims0[None, :], mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
         diff = xr - cr
         sq = tl.sum(diff * diff, axis=1)
+        if TOP_M > 0:
+            # All listed centroids at once, as one product (fp32 FMAs, ``ieee``): a reduction per
+            # centroid over the row tile cost the pass five times its time (H200, 2026-12-03).
+            ids = tl.load(top_ptr + tl.arange(0, TOP_M))
+            cm = tl.load(c_ptr + tl.maximum(ids, 0).to(tl.int64)[:, None] * d + dims0[None, :],
+                         mask=(dims0 < d)[None, :], other=0.0)
+            c_sq = tl.sum(cm * cm, axis=1)
+            x_sq = tl.sum(xr * xr, axis=1)
+            dots = tl.dot(xr, tl.trans(cm), input_precision="ieee")
+            norms = x_sq[:, None] + c_sq[None, :]
+            # Lowered by the rounding of |x|^2 + |c|^2 - 2 x.c in fp32: each of the three within
+            # d + 2 units of |x|^2 + |c|^2 (2 |x.c| <= |x|^2 + |c|^2).
+            near_sq = tl.maximum(norms - 2.0 * dots - (d + 4) * 1.1920928955078125e-07 * norms, 0.0)
+            near_sq = tl.where((ids[None, :] == label[:, None]) | (ids[None, :] < 0), float("inf"), near_sq)
+            near = tl.min(near_sq, axis=1)
+            # Rounded down as the stored bounds are (a distance of d fp32 terms, ``margin``).
+            lower = tl.minimum(lower, tl.sqrt(near) * (1.0 - margin))
     else:
         for d0 in range(0, d, BLOCK_D):
             dims = d0 + dims0
@@ -435,21 +464,65 @@ def _settle_tile(
     return tl.sum(tl.where(settled, sq * w, 0.0), axis=0)
 
 
+def top_moves_reference(shifts: torch.Tensor, top_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_top_moves_kernel`` with torch: the indices of the ``top_m`` largest ``shifts`` (equal
+    moves: the larger index first; -1 past the number of centroids) and the largest of the rest (0
+    if none)."""
+    keys = (shifts.float().view(torch.int32).to(torch.int64) << 32) | torch.arange(shifts.numel(), device=shifts.device)
+    order = torch.sort(keys, descending=True).indices
+    ids = torch.full((top_m,), -1, dtype=torch.int64, device=shifts.device)
+    ids[: min(top_m, order.numel())] = order[:top_m]
+    rest = shifts[order[top_m]].float() if order.numel() > top_m else shifts.new_zeros((), dtype=torch.float32)
+    return ids, rest
+
+
 def settle_reference(
-    x_t: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, lower_sq: torch.Tensor, shifts: torch.Tensor
+    x_t: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, lower_sq: torch.Tensor, shifts: torch.Tensor,
+    top_m: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pure-torch settle test on transformed rows: ``(settled mask, exact sq distance to the own
-    centroid, new lower bound (squared))``, with the kernel's margins."""
+    centroid, new lower bound (squared))``, with the kernel's margins. ``shifts``: each centroid's
+    move since the bounds were taken; ``top_m``: the kernel's ``TOP_M`` (``configs.top_moves``)."""
     d = x_t.shape[1]
     margin = distance_margin(d)
     labels = labels.long()
-    top = torch.topk(shifts, min(2, shifts.numel())).indices
-    top1 = shifts[top[0]]
-    top2 = shifts[top[1]] if top.numel() > 1 else torch.zeros_like(top1)
-    moved = torch.where(labels == top[0], top2, top1)
+    rows = x_t.float()
+    if top_m > 0:
+        ids, moved = top_moves_reference(shifts, top_m)
+    else:
+        top = torch.topk(shifts, min(2, shifts.numel())).indices
+        top1 = shifts[top[0]]
+        top2 = shifts[top[1]] if top.numel() > 1 else torch.zeros_like(top1)
+        moved = torch.where(labels == top[0], top2, top1)
     lower = (lower_sq.sqrt() * (1 - margin) - moved * (1 + margin)).clamp_min(0)
-    sq = ((x_t.float() - c[labels]) ** 2).sum(1)
+    if top_m > 0:
+        listed = ids[ids >= 0]
+        near = ((rows[:, None, :] - c[listed][None]) ** 2).sum(-1)
+        near = near.masked_fill(listed[None, :] == labels[:, None], float("inf"))
+        if listed.numel():
+            lower = torch.minimum(lower, near.min(1).values.sqrt() * (1 - margin))
+    sq = ((rows - c[labels]) ** 2).sum(1)
     return sq * (1 + margin) < lower * lower, sq, lower * lower
+
+
+@triton.jit
+def _top_moves_kernel(moves_ptr, top_ptr, k, TOP_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program: the indices of the TOP_M largest of the ``k`` centroid moves (equal moves: the
+    larger index first; -1 where fewer than TOP_M), then the float32 bits of the largest move among
+    the rest (0 if none). Keys (move bits << 32 | index) order as the moves (non-negative floats)."""
+    cols = tl.arange(0, BLOCK_K)
+    live = cols < k
+    moves = tl.load(moves_ptr + cols, mask=live, other=0.0)
+    keys = (moves.to(tl.int32, bitcast=True).to(tl.int64) << 32) | cols.to(tl.int64)
+    keys = tl.where(live, keys, -1)
+    best = tl.max(keys, axis=0)
+    for j in tl.static_range(TOP_M + 1):
+        if j > 0:
+            best = tl.max(tl.where(keys < best, keys, -1), axis=0)
+        if j < TOP_M:
+            tl.store(top_ptr + j, tl.where(best >= 0, (best & 0xFFFFFFFF).to(tl.int32), -1))
+        else:
+            tl.store(top_ptr + j, tl.where(best >= 0, (best >> 32).to(tl.int32), 0))
 
 
 class BoundsEngine(ReplayedEngine):
@@ -499,6 +572,17 @@ class BoundsEngine(ReplayedEngine):
                                       config=assign_config(n, k, d, x.dtype, "exact", transposed=False,
                                                            row_list=True),
                                       lower_bounds=True, moves=True, scaled=row_scale is not None, fixed_rows=True)
+        # The full pass searches every row, without a list: there the dense engine's tiles are
+        # faster where they differ (rows of at most 32 features over more than 64 centroids, see
+        # ``assign_config``). H200, 245,760 x 32, k = 1024, fp32, replayed: the full pass's search
+        # 0.410 ms on the row-list tiles against 0.182 ms on the dense ones, while over lists of
+        # most rows the row-list tiles took 0.25 ms and the dense ones 0.34 (2026-12-03).
+        full_cfg = assign_config(n, k, d, x.dtype, "exact", transposed=False)
+        if k > 64 and full_cfg != self.assign_pass.cfg:
+            self.full_search = AssignPass(x, k, "exact", update=True, config=full_cfg, lower_bounds=True,
+                                          scaled=row_scale is not None, fixed_rows=True)
+        else:
+            self.full_search = self.assign_pass
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
@@ -514,6 +598,11 @@ class BoundsEngine(ReplayedEngine):
         self.shift_top = self.record[6:].view(torch.int64)
         self.sq_dist = torch.empty(n, dtype=torch.float32, device=device)
         self.lower = torch.zeros(n, dtype=torch.float32, device=device)
+        # Each centroid's last move (``finish_update``), and the settle pass's list of the ones that
+        # moved most (``configs.top_moves``; the settle pass holds whole rows only up to 64 features).
+        self.top_m = top_moves(k, d) if d <= 64 else 0
+        self.moves = torch.zeros(k, dtype=torch.float32, device=device)
+        self.top_moves = torch.zeros(self.top_m + 1, dtype=torch.int32, device=device)
         self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
         self.info: PassInfo | None = None
         self.infos: list[PassInfo] = []  # one per row of the last ``read``
@@ -549,15 +638,16 @@ class BoundsEngine(ReplayedEngine):
 
     def _full_pass(self, has_prev: bool) -> None:
         """Search every row (a dense pass), recording each row's bound."""
-        p = self.assign_pass
+        p = self.full_search
         p.part_inertia[p.extra_base:].zero_()
         self.active_count.fill_(self.x.shape[0])
         p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
           sq_dist=self.sq_dist, zero=(self.record,), lower=self.lower)
-        self._finish(None, p.acc_sums, p.acc_counts)
+        self._finish(None, p.acc_sums, p.acc_counts, p)
         # The sums every later pass changes by the rows that change cluster (before any relocation
         # of empty clusters, which changes no label).
-        self._exact_sums(p.move_sums[0], p.move_counts[0])
+        moves = self.assign_pass
+        self._exact_sums(moves.move_sums[0], moves.move_counts[0])
         self.log[0].copy_(self.record)
 
     def _exact_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> None:
@@ -586,14 +676,18 @@ class BoundsEngine(ReplayedEngine):
         one_chunk = d <= 64
         block_d = max(16, triton.next_power_of_2(d)) if one_chunk else 32
         dummy = torch.empty(1, dtype=torch.float32, device=self.x.device)
+        if self.top_m:
+            k = self.c.shape[0]
+            launcher(_top_moves_kernel)[(1,)](self.moves, self.top_moves, k, TOP_M=self.top_m,
+                                              BLOCK_K=max(16, triton.next_power_of_2(k)))
         launcher(_settle_kernel)[(self.settle_grid,)](
             self.x, self.c, dummy if inp["offset"] is None else inp["offset"],
             dummy if inp["row_scale"] is None else inp["row_scale"],
             dummy if inp["sample_weight"] is None else inp["sample_weight"],
-            self.labels, self.sq_dist, self.lower, self.shift_top, self.active_rows, self.active_count,
+            self.labels, self.sq_dist, self.lower, self.shift_top, self.top_moves, self.active_rows, self.active_count,
             p.part_inertia, p.extra_base, self.control, self.stats_prev, 0, self.tol_device,
             n, d, self.x.stride(0), self.x.stride(1), distance_margin(d),
-            BLOCK_D=block_d, ONE_CHUNK=one_chunk, HAS_OFFSET=inp["offset"] is not None,
+            BLOCK_D=block_d, ONE_CHUNK=one_chunk, TOP_M=self.top_m, HAS_OFFSET=inp["offset"] is not None,
             HAS_SCALE=inp["row_scale"] is not None, HAS_WEIGHT=inp["sample_weight"] is not None, HAS_CONTROL=True,
             CHECK_STOP=True, **self.settle_cfg,
         )
@@ -614,12 +708,15 @@ class BoundsEngine(ReplayedEngine):
         a pass after one that met a stopping rule, or left a cluster empty, does nothing."""
         self._settle_passes_run(iterations)
 
-    def _finish(self, control: torch.Tensor | None, acc_sums: torch.Tensor, acc_counts: torch.Tensor) -> None:
-        p = self.assign_pass
+    def _finish(self, control: torch.Tensor | None, acc_sums: torch.Tensor, acc_counts: torch.Tensor,
+                p: AssignPass | None = None) -> None:
+        """``finish_update`` of a pass of ``p`` (the settle passes' search by default)."""
+        p = p or self.assign_pass
         finish_update(acc_sums, acc_counts, self.c, p.part_inertia, p.part_changed, self.record,
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
                       control=control, shift_top=self.shift_top, shift_margin=self.shift_margin,
-                      tallies=(self.active_count, p.flag_count), record=None if control is None else self.recording)
+                      tallies=(self.active_count, p.flag_count), record=None if control is None else self.recording,
+                      moves=self.moves if self.top_m else None)
 
     @property
     def sq_distances(self) -> torch.Tensor:
@@ -632,6 +729,8 @@ class BoundsEngine(ReplayedEngine):
         """Call after changing ``c`` outside the engine's passes (empty-cluster relocation): the
         next settle pass lowers the bounds by the moves from ``c_old`` to the new ``c``."""
         self.shift_top.copy_(shift_top_reference(self.c, self.c_old, self.shift_margin))
+        if self.top_m:
+            self.moves.copy_(moves_reference(self.c, self.c_old, self.shift_margin))
 
     def read(self, rows: int) -> list[list[float]]:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their

@@ -12,6 +12,7 @@ from torchkm._kernels.centroids import (
     finish_update,
     finish_update_reference,
     half_scale_reference,
+    moves_reference,
     prepare_centroids,
     prepare_centroids_reference,
     row_norms,
@@ -225,8 +226,12 @@ def test_finish_records_the_two_largest_moves_and_the_tallies(k, d, normalize):
     finish_update(acc_sums[None].to(DEVICE), counts.to(DEVICE), centroids, torch.zeros(3, device=DEVICE),
                   torch.zeros(3, dtype=torch.int64, device=DEVICE), record, normalize=normalize, old_centroids=old,
                   sums=torch.empty(k, d, device=DEVICE), counts=torch.empty(k, device=DEVICE),
-                  shift_top=shift_top, shift_margin=2.0**-20, tallies=tallies)
+                  shift_top=shift_top, shift_margin=2.0**-20, tallies=tallies,
+                  moves=(each_move := torch.full((k,), float("nan"), device=DEVICE)))
     moves = torch.linalg.vector_norm((centroids - old).double(), dim=1).cpu()
+    # Every centroid's move, rounded up alike (``moves_reference``); an empty cluster's is 0.
+    assert bool((moves <= each_move.double().cpu()).all()) and bool((each_move.cpu() <= moves * (1 + 2.0**-18)).all())
+    torch.testing.assert_close(each_move, moves_reference(centroids, old, 2.0**-20), rtol=1e-6, atol=0.0)
     first, second, index = (v.cpu() for v in unpack_shift_top(shift_top))
     assert int(index) == int(moves.argmax())
     # Rounded up by the margin, never below the float64 move.

@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 import torch
+import triton
 from torchkm._kernels.assign import assign
 from torchkm._kernels.prune import (
     BoundsEngine,
@@ -12,6 +13,7 @@ from torchkm._kernels.prune import (
     scan,
     scan_reference,
     settle_reference,
+    top_moves_reference,
     workload_stats,
 )
 
@@ -106,27 +108,30 @@ def _run(engine, x, passes):
     return engine
 
 
-@pytest.mark.parametrize("d,k", [(17, 1), (17, 7), (33, 70), (129, 7)])
+@pytest.mark.parametrize("d,k", [(17, 1), (17, 7), (17, 70), (33, 70), (129, 7)])
 def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
     n = 301
     x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
     labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
     engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
                           sample_weight=None, normalize=False, tol=0.0)
+    # Short rows over more than 64 centroids: the full pass searches on the dense engine's tiles.
+    assert (engine.full_search is not engine.assign_pass) == (d <= 32 and k > 64)
     _run(engine, x, 5)
     assert engine.info is not None and engine.info.kernel == "pruned"
     if k > 1:
         assert engine.info.skipped_bound > 0.5  # converging blobs: most rows settle
 
 
-@pytest.mark.parametrize("d,k", [(17, 7), (33, 70)])  # carried one-hot sums, and per-row atomics
+# Carried one-hot sums, a full pass on its own tiles, and per-row atomics.
+@pytest.mark.parametrize("d,k", [(17, 7), (17, 70), (33, 70)])
 def test_bounds_engine_blocks_follow_the_dense_engine_and_freeze_where_it_stops(d, k):
     """Settle passes run in blocks of 3 under the device's control (eagerly here; replayed as a
     CUDA graph on a GPU): every pass's statistics equal the dense engine's, and a block stops where
     a pass changed no label, leaving the state of that pass."""
     from torchkm._kernels.lloyd import LloydEngine
 
-    n = 301
+    n = 301 if (d, k) != (17, 70) else 501  # (301 rows in 70 blobs of 17 features settle too few; 501 leave none empty)
     x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
     norms = torch.linalg.vector_norm(x, dim=1)
     common = {"offset": None, "row_scale": None, "raw_norms": norms, "sample_weight": None, "normalize": False,
@@ -142,8 +147,9 @@ def test_bounds_engine_blocks_follow_the_dense_engine_and_freeze_where_it_stops(
         engine.run_block(3)
         block = engine.read(3)
         assert len(engine.infos) == 3
-        for row in block:
+        for row, info in zip(block, engine.infos):
             rows.append(row)
+            last_info = info
             if row[2] == 0:  # the device froze the rest of the block
                 break
     assert rows[-1][2] == 0, "the fit should converge"
@@ -154,7 +160,7 @@ def test_bounds_engine_blocks_follow_the_dense_engine_and_freeze_where_it_stops(
     np.testing.assert_allclose([r[0] for r in rows], [r[0] for r in dense_rows], rtol=1e-5)
     np.testing.assert_array_equal(engine.labels.cpu().numpy(), dense.labels.cpu().numpy())
     torch.testing.assert_close(engine.c, dense.c, rtol=1e-5, atol=1e-6)
-    assert engine.infos[0].skipped_bound > 0.2  # converging blobs: rows settle
+    assert last_info.skipped_bound > 0.2  # converged blobs: rows settle
 
 
 def _duplicates_case(n, d, k):
@@ -210,22 +216,32 @@ def test_bounds_engine_sums_stay_float64_from_its_first_pass():
         torch.testing.assert_close(p.move_counts[0], counts, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("top_m", [0, 16])
 @pytest.mark.parametrize("announce", [True, False])
-def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_passes(announce):
+def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_passes(announce, top_m, monkeypatch):
     """A centroid moved between passes (as empty-cluster relocation does) counts as a move once
     ``centroids_changed`` is called; without the call the stale bounds keep the row in its cluster,
-    which is why the fit loop calls it."""
-    n, d, k = 300, 17, 6
+    which is why the fit loop calls it. (With ``top_m`` the settle pass measures the rows against
+    the centroids that moved most: the one moved here is not among those until announced.)"""
+    monkeypatch.setenv("TORCHKM_TOP_MOVES", str(top_m))
+    n, d, k = 300, 17, 20
     x, c = _clustered(n, d, k, seed=21, sigma=0.01)
     labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
     engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
                           sample_weight=None, normalize=False, tol=0.0)
-    for it in range(4):  # converged blobs: centroids barely move, rows settle
+    assert engine.top_m == top_m
+    for it in range(8):  # converged blobs: centroids barely move, rows settle
         engine.iterate(has_prev=it > 0)
         engine.read(1)
-    # Teleport centroid 0 onto a row of another cluster: that row now belongs to it.
-    row = int((labels != 0).nonzero()[0])
-    engine.c[0] = x[row]
+    # Teleport a centroid the next settle pass would not measure onto a row of another cluster:
+    # that row now belongs to it.
+    listed = set(top_moves_reference(engine.moves, top_m)[0].tolist()) if top_m else set()
+    moved = next(j for j in range(k) if j not in listed)
+    # A row the last settle pass settled (two centroids in one blob leave rows searched every pass).
+    settled = torch.ones(n, dtype=torch.bool, device=DEVICE)
+    settled[engine.active_rows[: int(engine.active_count)].long()] = False
+    row = int((settled & (labels != moved)).nonzero()[0])
+    engine.c[moved] = x[row]
     if announce:
         engine.centroids_changed()
     c_before = engine.c.clone()
@@ -235,7 +251,55 @@ def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_pass
     if announce:
         np.testing.assert_array_equal(labels.long().cpu().numpy(), want.cpu().numpy())
     else:
-        assert int(want[row]) == 0 and int(labels[row]) != 0
+        assert int(want[row]) == moved and int(labels[row]) != moved
+
+
+@pytest.mark.parametrize("k", [1, 7, 40, 1000])
+@pytest.mark.parametrize("top_m", [2, 16])
+def test_top_moves_kernel_matches_reference(k, top_m):
+    """The settle pass's list of the centroids that moved most, with equal moves (the larger index
+    first), unmoved centroids, and fewer centroids than the list holds (-1 past them, rest 0)."""
+    from torchkm._kernels.prune import _top_moves_kernel
+
+    g = torch.Generator().manual_seed(k + top_m)
+    moves = torch.rand(k, generator=g)
+    moves[torch.randperm(k, generator=g)[: k // 3]] = 0.0
+    moves[: k // 4] = moves[k // 2] if k > 1 else moves[0]  # ties
+    moves = moves.to(DEVICE)
+    out = torch.full((top_m + 1,), 12345, dtype=torch.int32, device=DEVICE)
+    _top_moves_kernel[(1,)](moves, out, k, TOP_M=top_m, BLOCK_K=max(16, triton.next_power_of_2(k)))
+    ids, rest = top_moves_reference(moves, top_m)
+    assert out[:top_m].long().cpu().tolist() == ids.cpu().tolist()
+    assert float(out[top_m:].view(torch.float32)) == float(rest)
+
+
+@pytest.mark.parametrize("top_m", [0, 16])
+def test_bounds_engine_lower_bounds_hold(top_m, monkeypatch):
+    """After every pass, each row's stored bound is at most its float64 squared distance to every
+    centroid but its own (of the centroids that pass assigned to), with the top-moves rule and
+    without; the rule settles at least as many rows as Hamerly's alone would."""
+    monkeypatch.setenv("TORCHKM_TOP_MOVES", str(top_m))
+    n, d, k = 501, 17, 70
+    x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
+                          sample_weight=None, normalize=False, tol=0.0)
+    assert engine.top_m == top_m
+    xd = x.double()
+    for it in range(5):
+        c_pass = engine.c.clone()
+        if it > 0 and top_m:
+            # What the settle pass will decide, by the reference rule on the same state.
+            moves = engine.moves.clone()
+            ref_settled = settle_reference(x, c_pass, labels, engine.lower.clone(), moves, top_m)[0]
+            hamerly = settle_reference(x, c_pass, labels, engine.lower.clone(), moves, 0)[0]
+            assert bool((ref_settled | ~hamerly).all())  # never fewer settled rows
+        engine.iterate(has_prev=it > 0)
+        engine.read(1)
+        sq = torch.cdist(xd, c_pass.double()) ** 2
+        others = sq.scatter(1, labels.long()[:, None], float("inf")).min(1).values
+        bad = engine.lower.double() > others * (1 + 1e-6) + 1e-9
+        assert not bool(bad.any()), f"pass {it}: {int(bad.sum())} bounds above the distance they bound"
 
 
 def test_settle_reference_matches_bound_rule():
