@@ -367,7 +367,8 @@ def top_moves(k: int, d: int) -> int:
     H200 (2026-12-03, the same data, replayed fits) the settle pass took 55 us instead of 17 with
     the 16 distances as one fp32 product (85-91 us as 16 row reductions), and the late searches
     barely shrank (their cost has a floor of about 35 us): the fit's kernels 4.20 -> 5.08 ms at
-    sigma^2 = 0.0125, 5.87 -> 5.69 at 0.05; at 3.9M rows, k = 1,024 the fits took 1.3-1.4x longer."""
+    sigma^2 = 0.0125, 5.87 -> 5.69 at 0.05; at 3.9M x 32 x 1,024, sigma^2 = 0.0125, a fit 114.3 ->
+    154.9 ms (16 more distances a row in every settle pass)."""
     spec = os.environ.get("TORCHKM_TOP_MOVES")
     if spec and int(spec) > 0 and 3 <= k <= 4096 and d <= 64:
         # (One product of the row tile with the listed centroids: a power of two, at least 16.)
