@@ -364,7 +364,7 @@ def top_moves(k: int, d: int) -> int:
     Off because it measured slower. Counted on the CPU (seed 000's data, 245,760 x 32, k = 1,024,
     sigma^2 = 0.0125), late passes listed 3-11 % of the rows under Hamerly's rule with a few dozen
     centroids still moving, and 0-5 % with 16 measured: 45 % fewer rows searched over a fit. On an
-    H200 (2026-12-03, the same data, replayed fits) the settle pass took 55 us instead of 17 with
+    H200 (2026-12-03, seed 000's data at that size, replayed fits) the settle pass took 55 us instead of 17 with
     the 16 distances as one fp32 product (85-91 us as 16 row reductions), and the late searches
     barely shrank (their cost has a floor of about 35 us): the fit's kernels 4.20 -> 5.08 ms at
     sigma^2 = 0.0125, 5.87 -> 5.69 at 0.05; at 3.9M x 32 x 1,024, sigma^2 = 0.0125, a fit 114.3 ->

@@ -599,8 +599,8 @@ class BoundsEngine(ReplayedEngine):
         self.sq_dist = torch.empty(n, dtype=torch.float32, device=device)
         self.lower = torch.zeros(n, dtype=torch.float32, device=device)
         # Each centroid's last move (``finish_update``), and the settle pass's list of the ones that
-        # moved most (``configs.top_moves``; the settle pass holds whole rows only up to 64 features).
-        self.top_m = top_moves(k, d) if d <= 64 else 0
+        # moved most (``configs.top_moves``; 0 past the 64 features a settle tile holds whole).
+        self.top_m = top_moves(k, d)
         self.moves = torch.zeros(k, dtype=torch.float32, device=device)
         self.top_moves = torch.zeros(self.top_m + 1, dtype=torch.int32, device=device)
         self.active_rows = torch.empty(max(1, n), dtype=torch.int32, device=device)
