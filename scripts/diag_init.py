@@ -38,11 +38,21 @@ WORKLOADS = {
     "32768x256x8192": (32_768, 256, 8192, torch.float32),
     "1Mx128x4096": (1_000_000, 128, 4096, torch.float32),
     "1Mx768x8192-bf16": (1_000_000, 768, 8192, torch.bfloat16),
+    # Fewer natural clusters than centroids, of unequal spread ("mixed"): harder for any init.
+    "245760x32x1024-mixed": (245_760, 32, 1024, torch.float32),
+    "1Mx128x4096-mixed": (1_000_000, 128, 4096, torch.float32),
 }
 
 
-def blobs(n: int, d: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+def blobs(n: int, d: int, k: int, dtype: torch.dtype, seed: int, mixed: bool = False) -> torch.Tensor:
     g = torch.Generator(device="cuda").manual_seed(seed)
+    if mixed:
+        # k / 4 centres, each with its own spread (log-uniform 0.02-0.2) and sizes that differ.
+        centres = torch.rand(k // 4, d, device="cuda", generator=g)
+        spread = 0.02 * 10 ** torch.rand(k // 4, 1, device="cuda", generator=g)
+        share = torch.rand(k // 4, device="cuda", generator=g) ** 2 + 0.01
+        which = torch.multinomial(share, n, replacement=True, generator=g)
+        return (centres[which] + spread[which] * torch.randn(n, d, device="cuda", generator=g)).to(dtype)
     centres = torch.rand(k, d, device="cuda", generator=g)
     x = centres[torch.randint(0, k, (n,), device="cuda", generator=g)]
     return (x + 0.05 * torch.randn(n, d, device="cuda", generator=g)).to(dtype)
@@ -188,7 +198,7 @@ def flash_fit(x: torch.Tensor, k: int) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--inits", nargs="*", default=["k-means++", "k-means||", "random"])
+    parser.add_argument("--inits", nargs="*", default=["auto", "k-means++", "k-means||", "random"])
     parser.add_argument("--profile-steps", type=int, default=64)
     parser.add_argument("--torch-baseline", nargs="*", default=[w for w in WORKLOADS if not w.startswith("1Mx768")],
                         help="workloads that also time the plain torch loop (seconds to minutes each)")
@@ -210,7 +220,7 @@ def main() -> None:
     rows = []
     for name in args.only:
         n, d, k, dtype = WORKLOADS[name]
-        x = blobs(n, d, k, dtype, seed)
+        x = blobs(n, d, k, dtype, seed, mixed=name.endswith("-mixed"))
         offset = _loop._data_mean(DataView(x, torch.float32), None, _loop.Comm())[0]
         data = DataView(x, torch.float32, offset)
         # Compiles the kernels for this k's number of trials, 2 + int(log k), on fewer centroids.
@@ -241,7 +251,10 @@ def main() -> None:
         print("  first steps, GPU us a step: " + ", ".join(
             f"{name[:28]} {us:.1f}" for name, us in sorted(row["first_steps_gpu_us_by_kernel"].items(), key=lambda kv: -kv[1])[:6]))
         for init in args.inits:
-            torchkm.fit(x, k, init=init, max_iter=2, random_state=seed)  # compile this path
+            # The same fit, untimed, compiles this path: ``algorithm="auto"``'s trial of the bounds
+            # engine included (a fit of 2 iterations left that to the timed fit: 10 s at 1M x 128),
+            # and kernels that specialise on sizes that differ by seed (k-means||'s candidates).
+            torchkm.fit(x, k, init=init, random_state=seed)
             t_init = []
             orig = _loop._initial_centroids
 
@@ -259,11 +272,14 @@ def main() -> None:
             finally:
                 _loop._initial_centroids = orig
             lloyd = sum(s.seconds for s in out.history)
+            empties = [s.empty_clusters for s in out.history]
             fit = {"total_ms": total * 1e3, "init_ms": t_init[0] * 1e3, "lloyd_ms": lloyd * 1e3, "n_iter": out.n_iter,
-                   "inertia": out.inertia}
+                   "inertia": out.inertia, "empty_clusters": sum(empties),
+                   "iterations_with_empty": sum(1 for e in empties if e)}
             row["fits"][init] = fit
             print(f"  fit init={init:10s}: {total * 1e3:9.1f} ms = init {t_init[0] * 1e3:8.1f} + Lloyd {lloyd * 1e3:7.1f} "
-                  f"({out.n_iter} it) + rest {(total - t_init[0] - lloyd) * 1e3:6.1f}; inertia {out.inertia:.6g}")
+                  f"({out.n_iter} it) + rest {(total - t_init[0] - lloyd) * 1e3:6.1f}; inertia {out.inertia:.6g}; "
+                  f"empty clusters {fit['empty_clusters']} in {fit['iterations_with_empty']} iterations")
         row["flash_kmeans_fit"] = flash_fit(x, k)
         rows.append(row)
     with open(args.json, "w") as f:

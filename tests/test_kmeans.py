@@ -270,6 +270,44 @@ def test_kmeans_parallel_finds_separated_blobs_and_is_seeded(rng):
     assert a.inertia <= 1.05 * torchkm.fit(x, 12, random_state=4).inertia
 
 
+@pytest.mark.parametrize(("n", "d", "k", "in_memory", "expected"), [
+    (1_000_000, 128, 4096, True, "k-means||"),   # many clusters over many rows
+    (1 << 20, 32, 256, True, "k-means||"),       # exactly at every threshold
+    (1 << 20, 32, 255, True, "k-means++"),       # too few clusters
+    ((1 << 20) - 1, 32, 256, True, "k-means++"),  # too few row elements
+    (32_768, 1024, 8192, True, "k-means++"),     # fewer than 32 rows per cluster
+    (1_000_000, 128, 4096, False, "k-means++"),  # streamed: k-means++ on a sample
+    (245_760, 32, 1024, True, "k-means++"),      # seed 000's size: level, greedy k-means++ kept
+])
+def test_auto_init_takes_kmeans_parallel_for_many_clusters_over_many_rows(n, d, k, in_memory, expected):
+    from torchkm._loop import resolve_init
+
+    assert resolve_init("auto", n, d, k, in_memory) == expected
+    for given in ("k-means++", "random", "k-means||"):
+        assert resolve_init(given, n, d, k, in_memory) == given
+
+
+def test_auto_init_is_the_default_and_runs_the_init_it_names(rng, monkeypatch):
+    from torchkm import _loop
+    from torchkm.init import kmeans_parallel
+
+    x = torch.from_numpy(blobs(rng, 600, 4, 8))
+    assert torchkm.KMeans(8).init == "auto"
+    # Small data: greedy k-means++, the same fit as asking for it.
+    plus = torchkm.fit(x, 8, init="k-means++", random_state=1, max_iter=5)
+    auto = torchkm.fit(x, 8, random_state=1, max_iter=5)
+    assert torch.equal(auto.centroids, plus.centroids) and torch.equal(auto.labels, plus.labels)
+    # Thresholds lowered to this data's shape: k-means||, the same fit as asking for it.
+    monkeypatch.setattr(_loop, "AUTO_PARALLEL_MIN_CLUSTERS", 8)
+    monkeypatch.setattr(_loop, "AUTO_PARALLEL_MIN_ELEMENTS", 600 * 4)
+    calls = []
+    monkeypatch.setattr(_loop, "kmeans_parallel", lambda *a, **kw: calls.append(1) or kmeans_parallel(*a, **kw))
+    parallel = torchkm.fit(x, 8, init="k-means||", random_state=1, max_iter=5)
+    auto = torchkm.fit(x, 8, random_state=1, max_iter=5)
+    assert torch.equal(auto.centroids, parallel.centroids) and torch.equal(auto.labels, parallel.labels)
+    assert len(calls) == 2
+
+
 def test_kmeans_parallel_picks_data_rows_and_fills_up_few_candidates():
     from torchkm._reference import DataView
     from torchkm.init import kmeans_parallel

@@ -51,7 +51,7 @@ def test_bad_n_clusters(k, error, match):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        ({"init": "kmeans++"}, ValueError, r"init must be one of \('k-means\+\+', 'random', 'k-means\|\|'\).*'kmeans\+\+'"),
+        ({"init": "kmeans++"}, ValueError, r"init must be one of \('auto', 'k-means\+\+', 'random', 'k-means\|\|'\).*'kmeans\+\+'"),
         ({"init": torch.randn(3, 3)}, ValueError, r"init has 3 rows but n_clusters=2.*got \(3, 3\)"),
         ({"init": torch.randn(2, 4)}, ValueError, r"init has 4 features but x has 3"),
         ({"init": torch.randn(2)}, ValueError, r"init must be 2-D"),

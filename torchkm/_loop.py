@@ -41,7 +41,20 @@ InitLike = Union[str, torch.Tensor, np.ndarray, Callable[..., Any]]
 SeedLike = Union[int, torch.Generator, None]
 
 METRICS = ("euclidean", "cosine")
-INIT_NAMES = ("k-means++", "random", "k-means||")
+INIT_NAMES = ("auto", "k-means++", "random", "k-means||")
+
+# init="auto" (the default) takes k-means|| where greedy k-means++'s k passes over the rows cost
+# far more than k-means||'s 6 passes and its k-means++ over about 10 k candidates: at least
+# AUTO_PARALLEL_MIN_CLUSTERS clusters, at least AUTO_PARALLEL_MIN_ELEMENTS row elements (there a
+# k-means++ step is bound by reading the rows, not by its launches' latency) and at least
+# AUTO_PARALLEL_ROWS_PER_CLUSTER rows per cluster (the candidates stay well below n). Elsewhere
+# greedy k-means++. H200, fit times in ms, k-means++ / k-means|| (scripts/diag_init.py,
+# BENCHMARKS.md 2026-12-03): 1M x 128 x 4096 1153 / 219 (blobs), 887 / 597 (mixed spreads); level
+# at 245,760 x 32 x 1024 (52 / 44, 71 / 73) and 32,768 x 256 x 8192 (334 / 335); 245,760 x 32 x 32
+# 6.8 / 22.0.
+AUTO_PARALLEL_MIN_CLUSTERS = 256
+AUTO_PARALLEL_MIN_ELEMENTS = 1 << 25
+AUTO_PARALLEL_ROWS_PER_CLUSTER = 32
 ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
 
 
@@ -780,6 +793,18 @@ def _init_sample(data: DataView, n_clusters: int, n_total: int, generator: torch
     return DataView(sample, data.dtype)
 
 
+def resolve_init(init: InitLike, n_samples: int, n_features: int, n_clusters: int, in_memory: bool = True) -> InitLike:
+    """The initialisation ``init="auto"`` stands for on data of this shape (``INIT_NAMES``' note):
+    ``"k-means||"`` for many clusters over many rows held in memory, ``"k-means++"`` otherwise
+    (streamed data: k-means++ on a sample, as that init's default there). Other values as given."""
+    if not (isinstance(init, str) and init == "auto"):
+        return init
+    parallel = (in_memory and n_clusters >= AUTO_PARALLEL_MIN_CLUSTERS
+                and n_samples * n_features >= AUTO_PARALLEL_MIN_ELEMENTS
+                and n_samples >= AUTO_PARALLEL_ROWS_PER_CLUSTER * n_clusters)
+    return "k-means||" if parallel else "k-means++"
+
+
 def _initial_centroids(
     init: InitLike,
     data: DataView,
@@ -793,6 +818,10 @@ def _initial_centroids(
     comm = comm or Comm()
     if given is not None:
         return given
+    if isinstance(init, str) and init == "auto":
+        init = resolve_init(init, n_total or data.n_samples, data.n_features, n_clusters, data.in_memory)
+        logger.debug("init='auto': %s for %d clusters over %d x %d rows", init, n_clusters,
+                     n_total or data.n_samples, data.n_features)
     if isinstance(init, str):
         if init == "k-means||":
             return kmeans_parallel(data, n_clusters, generator, sample_weight, comm)
@@ -814,7 +843,7 @@ def initial_centroids(
     x: torch.Tensor,
     n_clusters: int,
     *,
-    init: InitLike = "k-means++",
+    init: InitLike = "auto",
     metric: str = "euclidean",
     sample_weight: torch.Tensor | None = None,
     random_state: SeedLike = None,
@@ -910,7 +939,7 @@ def fit(
     x: Any,
     n_clusters: int,
     *,
-    init: InitLike = "k-means++",
+    init: InitLike = "auto",
     n_init: int = 1,
     max_iter: int = 300,
     tol: float = 1e-4,

@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-k", "--n-clusters", type=int, required=True, help="number of clusters")
     p.add_argument("--centroids", default="centroids.npy", help="where to write the (k, d) centroids (.npy)")
     p.add_argument("--labels", default=None, help="where to write the (n,) int64 labels (.npy); omitted if not given")
-    p.add_argument("--init", default="k-means++", choices=["k-means++", "random", "k-means||"])
+    p.add_argument("--init", default="auto", choices=["auto", "k-means++", "random", "k-means||"],
+                   help="auto (default): k-means|| for many clusters over many rows, greedy k-means++ otherwise")
     p.add_argument("--n-init", type=int, default=1)
     p.add_argument("--max-iter", type=int, default=300)
     p.add_argument("--tol", type=float, default=1e-4)

@@ -35,11 +35,15 @@ class KMeans(nn.Module):
 
     Args:
         n_clusters: number of clusters k (>= 1, <= n_samples).
-        init: ``"k-means++"`` (greedy k-means++, default), ``"random"`` (k distinct rows),
-            ``"k-means||"`` (Bahmani et al.: 5 rounds that each sample about 2k rows in one pass,
-            then k-means++ on those candidates weighted by their nearest rows; for large n, where
-            k-means++'s one pass per centroid is slow), a (n_clusters, n_features) tensor or array
-            of initial centroids, or a callable ``init(x, n_clusters, seed) -> centroids``.
+        init: ``"auto"`` (default): ``"k-means||"`` for at least 256 clusters over at least
+            2^25 row elements (n_samples x n_features) and 32 rows per cluster, held in memory,
+            ``"k-means++"`` otherwise (on a 1M x 128 float32 tensor with k = 4096 on an H200,
+            its fit took 0.22 s instead of k-means++'s 1.15 s, inertia within 1 %).
+            ``"k-means++"``: greedy k-means++, scikit-learn's default; ``"random"``: k distinct
+            rows; ``"k-means||"`` (Bahmani et al.: 5 rounds that each sample about 2k rows in one
+            pass, then k-means++ on those candidates weighted by their nearest rows; for large n,
+            where k-means++'s one pass per centroid is slow); a (n_clusters, n_features) tensor or
+            array of initial centroids, or a callable ``init(x, n_clusters, seed) -> centroids``.
         n_init: number of runs from different initialisations; the one of lowest inertia is kept.
         max_iter: maximum Lloyd iterations per run.
         tol: convergence threshold on the total squared centroid shift, relative to the mean
@@ -128,7 +132,7 @@ class KMeans(nn.Module):
         self,
         n_clusters: int = 8,
         *,
-        init: InitLike = "k-means++",
+        init: InitLike = "auto",
         n_init: int = 1,
         max_iter: int = 300,
         tol: float = 1e-4,

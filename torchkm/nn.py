@@ -209,8 +209,8 @@ class VectorQuantizer(nn.Module):
             ``mean ||sg(x) - code||^2`` (added to ``loss`` with weight 1); no EMA.
         decay: EMA decay of the code sizes and sums (VQ-VAE: 0.99).
         eps: Laplace smoothing of the code sizes in the EMA update.
-        kmeans_init: start the codebook from a k-means fit (k-means++, ``kmeans_iters`` Lloyd
-            iterations) of the first training batch; batches are pooled until there are at least
+        kmeans_init: start the codebook from a k-means fit (``init="auto"``: k-means++, or
+            k-means|| for large pools; ``kmeans_iters`` Lloyd iterations) of the first training batch; batches are pooled until there are at least
             ``num_codes`` vectors. ``False``: a random uniform codebook (Kaiming-style bounds).
         kmeans_iters: Lloyd iterations of that fit.
         dead_code_threshold: codes whose EMA size (vectors per step) falls below this are moved onto
