@@ -333,6 +333,19 @@ RECHECK_SWEEP = [f"{cfg}/{chunks}" for cfg in ["128,128,32,8,4,1", "64,64,32,4,3
                  for chunks in [1, 4, 8, 16]]
 
 
+def mixed_rows(n: int, d: int, k: int, generator: torch.Generator, device: str = "cuda") -> torch.Tensor:
+    """``--data mixed``: n rows of d features around max(1, k // 4) centres in the unit cube, each
+    centre with its own spread (log-uniform 0.02-0.2) and share of the rows. With about four
+    centroids a natural cluster, many rows lie near a boundary between two centroids, as in a
+    vocabulary larger than the data's clusters (N(0, 1) rows, the default, have no such structure)."""
+    m = max(1, k // 4)
+    centres = torch.rand(m, d, device=device, generator=generator)
+    spread = 0.02 * 10 ** torch.rand(m, 1, device=device, generator=generator)
+    share = torch.rand(m, device=device, generator=generator) ** 2 + 0.01
+    which = torch.multinomial(share, n, replacement=True, generator=generator)
+    return centres[which] + spread[which] * torch.randn(n, d, device=device, generator=generator)
+
+
 def distinct_rows(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     """``k`` distinct rows of ``x``, the fits' initial centroids. (Drawn with replacement, about 940 of
     8,192 repeat at 32,768 rows, and a fit's first iteration then relocates their empty clusters on
@@ -443,6 +456,8 @@ def main() -> None:
     parser.add_argument("--no-pruned", action="store_true", help="leave out algorithm=\"pruned\"")
     parser.add_argument("--extra", nargs="*", default=[], metavar="NAME=N,D,K",
                         help="other workloads, run besides those of --only")
+    parser.add_argument("--data", choices=["normal", "mixed"], default="normal",
+                        help="rows: N(0, 1) (default), or k/4 blobs of unequal spread (mixed_rows)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -461,12 +476,12 @@ def main() -> None:
     rows = []
     for name, n, d, k in select_workloads(args.only, args.extra):
         g = torch.Generator(device="cuda").manual_seed(int(time.time()))
-        x32 = torch.randn(n, d, device="cuda", generator=g)
+        x32 = mixed_rows(n, d, k, g) if args.data == "mixed" else torch.randn(n, d, device="cuda", generator=g)
         c0 = distinct_rows(x32, k, g)
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
             x = x32 if dtype == torch.float32 else x32.to(dtype)
-            row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name}
+            row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name, "data": args.data}
             if args.sweep:
                 for precision in args.sweep_precisions:
                     base, res = sweep(name, x, c0, precision, args.sweep_research)

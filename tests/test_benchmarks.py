@@ -9,6 +9,8 @@ import time
 
 import torch
 
+import torchkm
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import bench_lloyd
@@ -40,6 +42,14 @@ def test_bench_lloyd_selects_named_and_extra_workloads() -> None:
     assert bench_lloyd.select_workloads(None, ["K64=1000,32,64"]) == [("K64", 1000, 32, 64)]
     assert bench_lloyd.select_workloads([], ["K64=1000,32,64"]) == [("K64", 1000, 32, 64)]
     assert bench_lloyd.select_workloads(["seed000-A"], ["K=5,3,2"]) == [("seed000-A", 245_760, 32, 32), ("K", 5, 3, 2)]
+
+
+def test_bench_lloyd_mixed_rows_cluster_around_a_quarter_as_many_centres() -> None:
+    x = bench_lloyd.mixed_rows(4000, 6, 40, torch.Generator().manual_seed(0), device="cpu")
+    assert x.shape == (4000, 6) and x.dtype == torch.float32 and bool(torch.isfinite(x).all())
+    # Ten centres, spreads of at most 0.2: every row within a few spreads of one of ten points.
+    c = torchkm.fit(x, 10, random_state=0).centroids
+    assert float(torch.cdist(x, c).min(dim=1).values.max()) < 1.5
 
 
 def test_bench_lloyd_starts_from_distinct_rows() -> None:
