@@ -21,10 +21,14 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 
 import torch
 import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from bench_lloyd import mixed_rows  # noqa: E402  (the benchmarks' generator of over-split rows)
 
 import torchkm
 from torchkm import _loop, _ops
@@ -47,12 +51,7 @@ WORKLOADS = {
 def blobs(n: int, d: int, k: int, dtype: torch.dtype, seed: int, mixed: bool = False) -> torch.Tensor:
     g = torch.Generator(device="cuda").manual_seed(seed)
     if mixed:
-        # k / 4 centres, each with its own spread (log-uniform 0.02-0.2) and sizes that differ.
-        centres = torch.rand(k // 4, d, device="cuda", generator=g)
-        spread = 0.02 * 10 ** torch.rand(k // 4, 1, device="cuda", generator=g)
-        share = torch.rand(k // 4, device="cuda", generator=g) ** 2 + 0.01
-        which = torch.multinomial(share, n, replacement=True, generator=g)
-        return (centres[which] + spread[which] * torch.randn(n, d, device="cuda", generator=g)).to(dtype)
+        return mixed_rows(n, d, k, g).to(dtype)  # k / 4 centres of their own spreads and shares
     centres = torch.rand(k, d, device="cuda", generator=g)
     x = centres[torch.randint(0, k, (n,), device="cuda", generator=g)]
     return (x + 0.05 * torch.randn(n, d, device="cuda", generator=g)).to(dtype)

@@ -818,10 +818,11 @@ def _initial_centroids(
     comm = comm or Comm()
     if given is not None:
         return given
-    if isinstance(init, str) and init == "auto":
-        init = resolve_init(init, n_total or data.n_samples, data.n_features, n_clusters, data.in_memory)
-        logger.debug("init='auto': %s for %d clusters over %d x %d rows", init, n_clusters,
+    resolved = resolve_init(init, n_total or data.n_samples, data.n_features, n_clusters, data.in_memory)
+    if resolved is not init:
+        logger.debug("init='auto': %s for %d clusters over %d x %d rows", resolved, n_clusters,
                      n_total or data.n_samples, data.n_features)
+        init = resolved
     if isinstance(init, str):
         if init == "k-means||":
             return kmeans_parallel(data, n_clusters, generator, sample_weight, comm)
