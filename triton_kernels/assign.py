@@ -104,7 +104,15 @@ from ._common import (
     unused,
 )
 from .centroids import _PREPARE_ROWS_TL as PREPARE_ROWS
-from .centroids import _round_tf32, amax_parts, centroid_parts, prepare_centroids, row_norms
+from .centroids import (
+    _neighbour_reach,
+    _round_tf32,
+    amax_parts,
+    centroid_neighbours,
+    centroid_parts,
+    prepare_centroids,
+    row_norms,
+)
 from .configs import (
     FEW_ROWS,
     assign_config,
@@ -888,12 +896,33 @@ def _candidate_top(key, x_sq, row_norm, c_norm_max, residual_max, bias_max, boun
 
 
 @triton.jit
+def _neighbour_need_kernel(count_ptr, key_ptr, need_ptr, control_ptr, cand_cap, BLOCK: tl.constexpr,
+                           HAS_CONTROL: tl.constexpr):
+    """Per centroid, the largest direct distance of a deferred row (the first ``cand_cap``) whose
+    winner so far it is, as 1 + its bits (``centroids.centroid_neighbours``' need; an atomic
+    maximum: non-negative floats order as their bits)."""
+    go = True
+    if HAS_CONTROL:
+        go = tl.load(control_ptr) == 0
+    if go:
+        row_count = tl.minimum(tl.load(count_ptr), cand_cap)
+        keys = key_ptr.to(tl.pointer_type(tl.uint64))
+        for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK), tl.num_programs(0)):
+            slots = t * BLOCK + tl.arange(0, BLOCK)
+            row_mask = slots < row_count
+            key = tl.load(keys + slots, mask=row_mask, other=0)
+            bits = _distance_of_key(key).to(tl.int32, bitcast=True) + 1
+            tl.atomic_max(need_ptr + _label_of_key(key), bits, mask=row_mask, sem="relaxed")
+
+
+@triton.jit
 def _candidate_plan_kernel(
     x_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr, chunk_min_ptr, list_ptr, top_ptr,
     control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef, half_ptr, xh_ptr,
-    copy_rows,
+    copy_rows, nbr_ptr, nbr_count_ptr, radius_ptr, cand_ptr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CP: tl.constexpr, HAS_MINS: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr, COPY: tl.constexpr,
+    NEIGHBOURS: tl.constexpr, S: tl.constexpr,
 ):
     """The exact mode's candidate re-search, first step: for each deferred row (``row_index_ptr``,
     the first ``cand_cap``), the score at or under which a centroid could still beat the winner
@@ -908,7 +937,14 @@ def _candidate_plan_kernel(
     search is done; one row per slot), so that their re-scoring loads half the bytes and converts
     nothing. Chunk c lists those slots at ``list_ptr + c * cand_cap``, their number at
     ``count_ptr[lists_at + c]``; the other slots at ``list_ptr + c * cand_cap + copy_rows``, their
-    number at ``count_ptr[lists_at + n_chunks + c]`` (all cleared by the pass's preparation)."""
+    number at ``count_ptr[lists_at + n_chunks + c]`` (all cleared by the pass's preparation).
+
+    ``NEIGHBOURS`` (the length of each centroid's list of near others, ``nbr_ptr`` (k,
+    NEIGHBOURS), ``nbr_count_ptr`` and ``radius_ptr``, see ``centroids.centroid_neighbours``): a row
+    whose winner ``w`` so far, at direct squared distance ``D``, has every other centroid within
+    ``2 sqrt(D)`` of it listed, takes ``w`` and that list as its candidates (``cand_ptr``,
+    ``count_ptr[2 + slot]``) and no chunk: its nearest is one of them (triangle inequality), which
+    ``_candidate_exact_kernel`` then compares directly. No fast product re-scores it."""
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
@@ -955,10 +991,26 @@ def _candidate_plan_kernel(
                 xr = transform_rows(raw, row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0),
                                     tl.full((BLOCK_N,), 1.0, tl.float32), HAS_OFFSET, False)
                 x_sq += tl.sum(xr * xr, axis=1)
-            top = _candidate_top(tl.load(keys + slots, mask=row_mask, other=0), x_sq, row_norm, c_norm_max,
-                                 residual_max, bias_max, bound_coef, bias_coef, d)
+            key = tl.load(keys + slots, mask=row_mask, other=0)
+            top = _candidate_top(key, x_sq, row_norm, c_norm_max, residual_max, bias_max, bound_coef, bias_coef, d)
             tl.store(top_ptr + slots, top, mask=row_mask)
             need = row_mask[:, None] & chunk_mask[None, :]
+            if NEIGHBOURS > 0:
+                tl.static_assert(NEIGHBOURS < S, "the winner and its neighbours are a row's candidates")
+                winner = _label_of_key(key)
+                # (The winner's radius is the reach of its farthest deferred row: -1 if none.)
+                reach = _neighbour_reach(_distance_of_key(key), d)
+                near = row_mask & (tl.load(radius_ptr + winner, mask=row_mask, other=-1.0) >= reach)
+                listed_n = tl.load(nbr_count_ptr + winner, mask=near, other=0)
+                cand_cols = tl.arange(0, S)
+                in_list = near[:, None] & (cand_cols[None, :] >= 1) & (cand_cols[None, :] <= listed_n[:, None])
+                listed_ids = tl.load(nbr_ptr + winner.to(tl.int64)[:, None] * NEIGHBOURS + cand_cols[None, :] - 1,
+                                     mask=in_list, other=0)
+                cand_ids = tl.where(cand_cols[None, :] == 0, winner[:, None], listed_ids)
+                tl.store(cand_ptr + slots.to(tl.int64)[:, None] * S + cand_cols[None, :], cand_ids,
+                         mask=in_list | (near[:, None] & (cand_cols[None, :] == 0)))
+                tl.store(count_ptr + 2 + slots, listed_n + 1, mask=near)
+                need = need & (near == 0)[:, None]
             if HAS_MINS:
                 # The pass's scores carry the same error bound as the re-search's (same operands,
                 # fp32 sums of as many terms), so the same threshold holds for its minima.
@@ -1988,7 +2040,7 @@ class AssignPass:
         self.move_counts = self.move_acc[k * d:].view(1, k) if moves else None
         self.flag_count = torch.empty(1, dtype=torch.int32, device=device)
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
-        self.cand_cap = self.copy_rows = 0
+        self.cand_cap = self.copy_rows = self.neighbours = 0
         self.chunk_mins: torch.Tensor | None = None
         self.half = self.hopper = False
         self.half_rows = 0  # rows of the streamed search's fp16 copy, 0 for none
@@ -2176,6 +2228,13 @@ class AssignPass:
                     self.cand_lists = torch.empty(self.research_chunks * self.cand_cap, dtype=torch.int32,
                                                   device=device)
                     self.full_slots = torch.empty(n, dtype=torch.int32, device=device)
+                    self.neighbours = neighbour_count()
+                    if self.neighbours:
+                        # (``need`` starts cleared; each pass's neighbour launch clears it again.)
+                        self.neighbour_need = torch.zeros(k, dtype=torch.int32, device=device)
+                        self.neighbour_ids = torch.empty(k, self.neighbours, dtype=torch.int32, device=device)
+                        self.neighbour_counts = torch.empty(k, dtype=torch.int32, device=device)
+                        self.neighbour_radius = torch.empty(k, dtype=torch.float32, device=device)
                     # The deferred rows the plan copies into the streamed search's fp16 row buffer
                     # (fp16 operands; see the launch).
                     self.copy_rows = min(self.cand_cap, self.half_rows)
@@ -2528,15 +2587,28 @@ class AssignPass:
                 lists = bool(chunk_mins or copy_rows or n > FEW_ROWS
                              or os.environ.get("TORCHKM_CANDIDATE_LISTS") == "1")
                 if lists:
+                    if self.neighbours:
+                        # The deferred rows' needs, then each needed centroid's near others.
+                        launcher(_neighbour_need_kernel)[(self.recheck_grid,)](
+                            self.flag_count, keys, self.neighbour_need, control_args["control_ptr"], self.cand_cap,
+                            BLOCK=256, HAS_CONTROL=control is not None, num_warps=4)
+                        centroid_neighbours(c32, self.neighbour_need, self.neighbour_ids, self.neighbour_counts,
+                                            self.neighbour_radius, control)
+                        neighbour_ids, neighbour_counts = self.neighbour_ids, self.neighbour_counts
+                        neighbour_radius = self.neighbour_radius
+                    else:
+                        neighbour_ids, neighbour_counts = spare("neighbour_ids", torch.int32), spare("counts", torch.int32)
+                        neighbour_radius = spare("radius")
                     launcher(_candidate_plan_kernel)[(self.recheck_grid,)](
                         x, given(offset, name="offset"), raw_norms, prepared.c_norm, self.flag_rows, self.flag_count,
                         keys, self.chunk_mins if chunk_mins else spare("chunk_mins"), self.cand_lists,
                         self.cand_tops, control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1),
                         self.research_chunks, self.cand_cap, self.lists_at, bound_args["bound_coef"],
                         bound_args["bias_coef"], prepared.half_scale if half else spare("half"), xh, copy_rows,
+                        neighbour_ids, neighbour_counts, neighbour_radius, self.cand_ids,
                         BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
                         HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None,
-                        HALF=half, COPY=bool(copy_rows), num_warps=4,
+                        HALF=half, COPY=bool(copy_rows), NEIGHBOURS=self.neighbours, S=CANDIDATES, num_warps=4,
                     )
                     chunk, grid = self.research_chunk, split_grid
                 else:
@@ -2660,6 +2732,14 @@ REUSED_PASSES = 4
 REUSED_PASS_MAX_ELEMENTS = 1 << 23
 # The candidate re-search (``_candidate_kernel``): candidates kept per deferred row.
 CANDIDATES = 16
+
+
+def neighbour_count() -> int:
+    """How many near centroids the exact mode lists for a centroid that deferred rows need (see
+    ``centroids.centroid_neighbours`` and ``_candidate_plan_kernel``): the candidate buffer's size
+    less the winner. ``TORCHKM_NEIGHBOURS=0``: none, every deferred row re-scored by chunks
+    (experiments)."""
+    return 0 if os.environ.get("TORCHKM_NEIGHBOURS") == "0" else CANDIDATES - 1
 
 
 def candidate_rows(n: int) -> int:

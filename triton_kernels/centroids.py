@@ -21,7 +21,8 @@ import triton.language as tl
 
 from ._common import launcher, unused
 
-__all__ = ["Prepared", "amax_parts", "centre_rows", "centroid_parts", "centre_rows_reference", "finish_update", "finish_update_reference",
+__all__ = ["Prepared", "amax_parts", "centre_rows", "centroid_parts", "centre_rows_reference", "centroid_neighbours",
+           "centroid_neighbours_reference", "finish_update", "finish_update_reference",
            "half_row_floor", "half_scale_reference",
            "prepare_centroids", "prepare_centroids_reference",
            "moves_reference", "round_to_tf32", "row_norms", "row_norms_reference", "shift_top_reference",
@@ -429,6 +430,150 @@ def prepare_centroids(
     if not exact:
         c_exact, bias_exact = c_mma, bias
     return Prepared(c_mma, c_lo, bias, c_exact, bias_exact, c_norm, half_scale)
+
+
+@triton.jit
+def _neighbour_reach(need_sq, d):
+    """``2 sqrt(D)`` with room for the roundings of a direct fp32 distance ``D`` (the exact pass's
+    margin, twice): within it of the centroid lies a row's true nearest, if its winner so far is
+    that centroid at distance ``D``. Monotone in ``D`` (the plan's rows' reach is at most their
+    centroid's)."""
+    margin = (d + 16) * 1.1920929e-07
+    return 2.0 * tl.sqrt(need_sq * (1.0 + margin)) * (1.0 + margin)
+
+
+@triton.jit
+def _neighbours_kernel(
+    c_ptr, mean_ptr, need_ptr, ids_ptr, count_ptr, radius_ptr, control_ptr, k, d,
+    COUNT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_CONTROL: tl.constexpr,
+):
+    """``centroid_neighbours``: one program per BLOCK_M centroids, streaming the centroids in tiles of
+    BLOCK_K (tf32 products of the centred centroids) until each of its centroids has its reach
+    searched or more than COUNT centroids within it."""
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < k
+        need_bits = tl.load(need_ptr + rows, mask=row_mask, other=0)
+        active = row_mask & (need_bits > 0)
+        reach = _neighbour_reach(tl.maximum(need_bits - 1, 0).to(tl.float32, bitcast=True), d)
+        count = tl.zeros((BLOCK_M,), tl.int32)
+        if tl.max(active.to(tl.int32), axis=0) > 0:
+            dims0 = tl.arange(0, BLOCK_D)
+            rows64 = rows.to(tl.int64)
+            sq_w = tl.zeros((BLOCK_M,), tl.float32)
+            for d0 in range(0, d, BLOCK_D):
+                dims = d0 + dims0
+                dim_mask = dims < d
+                mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
+                a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :], mask=active[:, None] & dim_mask[None, :],
+                            other=0.0)
+                a = tl.where(dim_mask[None, :], a - mean[None, :], 0.0)
+                sq_w += tl.sum(a * a, axis=1)
+            reach_sq = reach * reach * (1.0 + 2.0**-20)
+            # The first tile, then (phase 1) the rest only if a centroid of the block is still
+            # searching: nothing is left to find once all are past COUNT (N(0, 1) rows: at the first
+            # tile). No check per tile, which would keep the next tiles' loads from overlapping.
+            # (Inline: torch's mutation analysis counts a helper's pointers as written when what it
+            # returns reaches a store's address, see tests/kernels/test_mutations.py.)
+            first = 0
+            stop = BLOCK_K
+            for phase in tl.static_range(2):
+                for k0 in range(first, stop, BLOCK_K):
+                    cols = k0 + tl.arange(0, BLOCK_K)
+                    col_mask = cols < k
+                    cols64 = cols.to(tl.int64)
+                    acc = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+                    sq_j = tl.zeros((BLOCK_K,), tl.float32)
+                    for d0 in range(0, d, BLOCK_D):
+                        dims = d0 + dims0
+                        dim_mask = dims < d
+                        mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
+                        a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :],
+                                    mask=active[:, None] & dim_mask[None, :], other=0.0)
+                        a = tl.where(dim_mask[None, :], a - mean[None, :], 0.0)
+                        b = tl.load(c_ptr + cols64[:, None] * d + dims[None, :],
+                                    mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
+                        b = tl.where(dim_mask[None, :], b - mean[None, :], 0.0)
+                        acc = tl.dot(a, tl.trans(b), acc, input_precision="tf32")
+                        sq_j += tl.sum(b * b, axis=1)
+                    dist_sq = sq_w[:, None] + sq_j[None, :] - 2.0 * acc
+                    # The products' tf32 operands (2^-10 each, truncated) and fp32 sums of d terms,
+                    # the norms' sums, with the usual 1.25 factor: a centroid left out is farther
+                    # than the reach.
+                    error = 1.25 * (2.0 * tl.sqrt(sq_w)[:, None] * tl.sqrt(sq_j)[None, :] * (2.0**-9 + d * 2.0**-22)
+                                    + (sq_w[:, None] + sq_j[None, :]) * (d * 2.0**-23))
+                    hit = (active[:, None] & col_mask[None, :] & (cols[None, :] != rows[:, None])
+                           & (dist_sq - error <= reach_sq[:, None]))
+                    hit_i = hit.to(tl.int32)
+                    pos = count[:, None] + tl.cumsum(hit_i, axis=1) - 1
+                    tl.store(ids_ptr + rows64[:, None] * COUNT + pos, cols[None, :] + tl.zeros_like(pos),
+                             mask=hit & (pos < COUNT))
+                    count += tl.sum(hit_i, axis=1)
+                if phase == 0:
+                    first = BLOCK_K
+                    stop = tl.where(tl.max((active & (count <= COUNT)).to(tl.int32), axis=0) > 0, k, BLOCK_K)
+        tl.store(count_ptr + rows, count, mask=row_mask)
+        tl.store(radius_ptr + rows, tl.where(active & (count <= COUNT), reach, -1.0), mask=row_mask)
+        tl.store(need_ptr + rows, tl.zeros((BLOCK_M,), tl.int32), mask=row_mask)
+
+
+def centroid_neighbours(
+    c32: torch.Tensor,
+    need: torch.Tensor,
+    ids: torch.Tensor,
+    counts: torch.Tensor,
+    radius: torch.Tensor,
+    control: torch.Tensor | None = None,
+) -> None:
+    """The centroids near each centroid that deferred rows of the exact pass need compared, in one launch.
+
+    ``need`` int32 (k,): per centroid, 0, or 1 + the bits of the largest squared distance ``D`` of
+    a deferred row whose winner so far it is (``assign._neighbour_need_kernel``); cleared here
+    for the next pass. For each centroid ``w`` with a need, every other centroid within the reach
+    ``2 sqrt(D)`` (with room for the roundings of ``D``) goes to ``ids[w]`` (int32 (k, COUNT), in
+    any order; ``counts[w]`` of them); ``radius[w]`` is then that reach, or -1 where more than
+    COUNT lie within it (``ids[w]`` partly written) or there was no need. A row whose winner so far
+    is ``w`` at ``D`` then has its true nearest among ``w`` and ``ids[w]`` (triangle inequality).
+
+    Why: the exact mode defers rows whose fast scores cannot tell their nearest centroid; where
+    several centroids split a cluster tighter than the fast products' rounding, those are many,
+    each near a few centroids and far from the rest: then a handful of direct distances settles a
+    row, instead of re-scoring it against a chunk of centroids. A centroid's search stops once more
+    than COUNT lie within its reach (N(0, 1) rows: at the first tile).
+
+    Distances of the centroids centred on their mean (the error scales with the norms), by tf32
+    products; a centroid is left out only when its distance less the bound on that error is past the
+    reach. ``control``: see ``prepare_centroids``.
+    """
+    k, d = c32.shape
+    count = ids.shape[1]
+    mean = c32.mean(0)
+    block_m = 32 if k > 2048 else 16
+    launcher(_neighbours_kernel)[(triton.cdiv(k, block_m),)](
+        c32, mean, need, ids, counts, radius, unused(c32.device, torch.int32) if control is None else control, k, d,
+        COUNT=count, BLOCK_M=block_m, BLOCK_K=64, BLOCK_D=max(16, min(128, triton.next_power_of_2(d))),
+        HAS_CONTROL=control is not None, num_warps=4,
+    )
+
+
+def centroid_neighbours_reference(c32: torch.Tensor, need_sq: torch.Tensor, count: int) -> tuple[list, torch.Tensor]:
+    """Float64 twin of ``centroid_neighbours``: for each centroid with a need (``need_sq``, the
+    largest deferred distance, NaN for none), the set of other centroids within its reach, and
+    the reach (-1 for none, or more than ``count`` within it)."""
+    k, d = c32.shape
+    margin = (d + 16) * 1.1920929e-07
+    reach = 2.0 * (need_sq.double() * (1.0 + margin)).sqrt() * (1.0 + margin)
+    dist = torch.cdist(c32.double(), c32.double())
+    dist.fill_diagonal_(float("inf"))
+    within = [set(torch.nonzero(dist[w] <= reach[w]).flatten().tolist()) if not torch.isnan(reach[w]) else set()
+              for w in range(k)]
+    radius = torch.tensor([float(reach[w]) if not torch.isnan(reach[w]) and len(within[w]) <= count else -1.0
+                           for w in range(k)], dtype=torch.float64)
+    return within, radius
 
 
 def half_scale_reference(x: torch.Tensor, c32: torch.Tensor) -> float:

@@ -448,6 +448,7 @@ def test_chunk_minima_list_fewer_chunks_and_keep_the_result(monkeypatch, dtype):
     float64's beyond ties, and fewer (row, chunk) pairs are listed."""
     from torchkm._kernels.assign import AssignPass
 
+    monkeypatch.setenv("TORCHKM_NEIGHBOURS", "0")  # (the near rows would be listed for no chunk)
     n, d, k = 300, 300, 1000
     x, c = _data(n, d, k, seed=37)
     g = torch.Generator(device=DEVICE).manual_seed(37)
@@ -524,6 +525,7 @@ def test_candidate_copy_keeps_the_result(monkeypatch, offset):
     and float64's beyond ties; as many (row, chunk) pairs are listed."""
     from torchkm._kernels.assign import AssignPass
 
+    monkeypatch.setenv("TORCHKM_NEIGHBOURS", "0")  # (the near rows would be listed for no chunk)
     n, d, k = 300, 300, 1000
     x, c, groups = _stored_copies(n, d, k, seed=53)
     if offset:
@@ -551,6 +553,49 @@ def test_candidate_copy_keeps_the_result(monkeypatch, offset):
     assert deferred == deferred0 > p.copy_rows
     assert lists[0] > 0 and lists[1] > 0 and lists0[0] == 0 and sum(lists) == lists0[1]
     _assert_same_pass(x, c, groups, (labels, sq_dist, sums, counts), (labels0, sq_dist0, sums0, counts0), shift)
+
+
+@pytest.mark.parametrize("offset", [False, True])
+def test_neighbour_lists_settle_tight_clusters_as_the_candidate_re_search(monkeypatch, offset):
+    """Rows of tight clusters, each split among four close centroids (one in each re-search chunk),
+    are deferred by the fast pass; with each centroid's nearest others listed
+    (``TORCHKM_NEIGHBOURS=1``, ``centroids.centroid_neighbours``) the plan takes the winner and its
+    list as their candidates, no chunk re-scores them, and labels, distances, sums and counts equal
+    those of the candidate re-search without the lists and float64's beyond ties."""
+    from torchkm._kernels.assign import AssignPass
+
+    n, d, k = 300, 300, 1000
+    x, c = _data(n, d, k, seed=59)
+    g = torch.Generator(device=DEVICE).manual_seed(59)
+    for group in range(8):
+        members = [group, 250 + group, 500 + group, 750 + group]
+        base = c[group].clone()
+        c[members] = base + 2e-3 * torch.randn(4, d, device=DEVICE, generator=g)
+        x[group * 30:(group + 1) * 30] = base + 2e-3 * torch.randn(30, d, device=DEVICE, generator=g)
+    if offset:  # rows and centroids far from the origin, the rows centred as they are read
+        x, c = x + 3.0, c + 3.0
+    shift = x.mean(0) if offset else None
+    config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
+    results = {}
+    for neighbours in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_NEIGHBOURS", neighbours)
+        p = AssignPass(x, k, "exact", update=True, config=config)
+        assert p.cand_cap and p.neighbours == (15 if neighbours == "1" else 0)
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+        p(x, c - (shift if offset else 0), offset=shift, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None,
+          prev_labels=None, labels=labels, sq_dist=sq_dist)
+        results[neighbours] = (labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0), int(p.flag_count[0]),
+                               int(p.flag_count[p.lists_at:].sum()))
+    labels, sq_dist, sums, counts, deferred, listed = results["1"]
+    labels0, sq_dist0, sums0, counts0, deferred0, listed0 = results["0"]
+    assert deferred == deferred0 >= 200
+    assert listed < listed0 and listed0 >= deferred0  # the tight clusters' rows are listed for no chunk
+    assert torch.equal(labels, labels0)
+    torch.testing.assert_close(sq_dist, sq_dist0, rtol=0, atol=0)
+    _check_labels(x, c, labels, "exact")
+    assert_sums_equal_but_for_order(sums, sums0, x if shift is None else x - shift, labels)
+    assert torch.equal(counts, counts0)
 
 
 @pytest.mark.parametrize("offset", [False, True])

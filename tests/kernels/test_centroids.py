@@ -8,6 +8,8 @@ from torchkm._kernels.centroids import (
     amax_parts,
     centre_rows,
     centre_rows_reference,
+    centroid_neighbours,
+    centroid_neighbours_reference,
     centroid_parts,
     finish_update,
     finish_update_reference,
@@ -329,3 +331,44 @@ def test_centre_rows_matches_reference(k, d):
     assert torch.equal(again[0], centred) and torch.equal(again[1], mean)
     with pytest.raises(ValueError, match="contiguous float32"):
         centre_rows(c.double())
+
+
+@pytest.mark.parametrize("k, d", [(1, 3), (7, 17), (16, 1), (17, 129), (1000, 3), (300, 17)])
+def test_centroid_neighbours_list_every_centroid_within_reach(k, d):
+    """Each centroid with a need (the largest distance of a deferred row it wins) lists every other
+    centroid within its reach ``2 sqrt(D)`` (float64 distances), and only those within it up to the
+    tf32 distances' error; its radius is that reach, or -1 where more than COUNT lie within it, or
+    it has no need. Centroids of a tight group far from the origin, needs small and large; the need
+    is cleared."""
+    count = 15
+    g = torch.Generator().manual_seed(k + d)
+    c = torch.randn(k, d, generator=g)
+    c[: k // 2] = c[: k // 2] * 1e-2 + 5.0  # a tight group far from the origin
+    need_sq = torch.rand(k, generator=g) ** 4 * (4.0 * d)
+    need_sq[torch.rand(k, generator=g) < 0.3] = float("nan")  # no deferred row
+    need = torch.where(torch.isnan(need_sq), 0, need_sq.view(torch.int32) + 1).to(torch.int32)
+    ids = torch.full((k, count), -7, dtype=torch.int32)
+    counts = torch.full((k,), -7, dtype=torch.int32)
+    radius = torch.full((k,), float("nan"))
+    need_dev, ids_dev, counts_dev, radius_dev = (t.to(DEVICE) for t in (need, ids, counts, radius))
+    centroid_neighbours(c.to(DEVICE), need_dev, ids_dev, counts_dev, radius_dev)
+    assert (need_dev == 0).all()
+    ids, counts, radius = ids_dev.cpu().long(), counts_dev.cpu(), radius_dev.cpu().double()
+    within, ref_radius = centroid_neighbours_reference(c, need_sq, count)
+    c64 = c.double()
+    dist = torch.cdist(c64, c64)
+    norm = (c64 - c64.mean(0)).norm(dim=1)
+    for w in range(k):
+        if torch.isnan(need_sq[w]):
+            assert radius[w] == -1 and counts[w] == 0
+            continue
+        reach = ref_radius[w] if ref_radius[w] >= 0 else 2.0 * need_sq[w].double().sqrt()
+        error = 1.25 * (2 * norm[w] * norm * (2.0**-9 + d * 2.0**-22) + (norm[w] ** 2 + norm**2) * d * 2.0**-23)
+        loose = {j for j in range(k) if j != w and dist[w, j] ** 2 <= (reach * (1 + 1e-5)) ** 2 + 1.01 * error[j]}
+        if radius[w] < 0:
+            assert len(loose) > count  # more than the list within the reach, up to the error
+            continue
+        torch.testing.assert_close(radius[w], reach, rtol=1e-5, atol=0)
+        listed = set(ids[w, : counts[w]].tolist())
+        assert 0 <= counts[w] <= count and len(listed) == counts[w]
+        assert within[w] <= listed <= loose

@@ -30,7 +30,9 @@ WRITES = {
     "_assign_kernel": {"acc_ptr", "chunk_min_ptr", "flag_count_ptr", "flag_rows_ptr", "key_ptr", "labels_ptr",
                        "lower_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
     "_research_kernel": {"key_ptr"},
-    "_candidate_plan_kernel": {"count_ptr", "list_ptr", "top_ptr", "xh_ptr"},
+    "_candidate_plan_kernel": {"count_ptr", "list_ptr", "top_ptr", "xh_ptr", "cand_ptr"},
+    "_neighbour_need_kernel": {"need_ptr"},
+    "_neighbours_kernel": {"need_ptr", "ids_ptr", "count_ptr", "radius_ptr"},
     "_candidate_kernel": {"count_ptr", "cand_ptr"},
     "_candidate_exact_kernel": {"count_ptr", "key_ptr", "slot_list_ptr"},
     "_assign_small_d_kernel": {"acc_ptr", "labels_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
@@ -116,7 +118,8 @@ def test_launches_write_only_their_outputs():
     results = json.loads(child.stdout.strip().splitlines()[-1])
     kernels = {r["kernel"] for r in results}
     assert {"_prepare_kernel", "_assign_kernel", "_assign_small_d_kernel", "_research_kernel", "_candidate_plan_kernel",
-            "_candidate_kernel", "_candidate_exact_kernel", "_amax_parts_kernel", "_half_rows_kernel"} <= kernels
+            "_candidate_kernel", "_candidate_exact_kernel", "_amax_parts_kernel", "_half_rows_kernel",
+            "_neighbour_need_kernel", "_neighbours_kernel"} <= kernels
     for r in results:
         extra = set(r["writes"]) - WRITES[r["kernel"]]
         assert not extra, f"{r['kernel']} in case {r['case']} counts {sorted(extra)} as written"
