@@ -52,7 +52,10 @@ Precision (``precision=``):
                score in the pass could hide a winner, and the centroids whose scores could
                still win (up to 16 a row) are compared by direct fp32 distances
                (``_candidate_plan_kernel``, ``_candidate_kernel``; with fp16 operands from an fp16
-               copy of the deferred rows the plan writes); only rows with more take the 3xTF32 products. Scaled (cosine) rows, and fp32 rows of at most 32
+               copy of the deferred rows the plan writes); only rows with more take the 3xTF32 products.
+               A deferred row whose winner so far has every centroid within ``2 sqrt(D)`` listed
+               (``centroids.centroid_neighbours``: tight clusters split among several centroids)
+               takes the winner and that list as its candidates instead, re-scored by no chunk. Scaled (cosine) rows, and fp32 rows of at most 32
                features, use a cruder bound on the whole gap in raw-row units
                (``gap_bound_coefficient``; the best two compared directly only inside it); for
                scaled bf16 rows the centroids then enter as two bf16 parts (two products per
