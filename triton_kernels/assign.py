@@ -2231,7 +2231,7 @@ class AssignPass:
                     self.cand_lists = torch.empty(self.research_chunks * self.cand_cap, dtype=torch.int32,
                                                   device=device)
                     self.full_slots = torch.empty(n, dtype=torch.int32, device=device)
-                    self.neighbours = neighbour_count()
+                    self.neighbours = neighbour_count(k)
                     if self.neighbours:
                         # (``need`` starts cleared; each pass's neighbour launch clears it again.)
                         self.neighbour_need = torch.zeros(k, dtype=torch.int32, device=device)
@@ -2735,14 +2735,23 @@ REUSED_PASSES = 4
 REUSED_PASS_MAX_ELEMENTS = 1 << 23
 # The candidate re-search (``_candidate_kernel``): candidates kept per deferred row.
 CANDIDATES = 16
+# The most centroids for which the exact mode searches each one's near others (``neighbour_count``).
+NEIGHBOUR_MAX_CLUSTERS = 8192
 
 
-def neighbour_count() -> int:
+def neighbour_count(k: int) -> int:
     """How many near centroids the exact mode lists for a centroid that deferred rows need (see
     ``centroids.centroid_neighbours`` and ``_candidate_plan_kernel``): the candidate buffer's size
-    less the winner. ``TORCHKM_NEIGHBOURS=0``: none, every deferred row re-scored by chunks
-    (experiments)."""
-    return 0 if os.environ.get("TORCHKM_NEIGHBOURS") == "0" else CANDIDATES - 1
+    less the winner; 0 (none, every deferred row re-scored by chunks) over more than
+    ``NEIGHBOUR_MAX_CLUSTERS`` centroids, where the search, a k x k product over the centroids
+    with deferred rows, grows as k^2 (H200, d = 128, tight clusters, every centroid searched: 0.3
+    ms in a pass at k = 4,096; a variant with half the centroids a program, 0.42 ms there, 6.5 ms
+    at 16,384 and 95 ms at 65,536; see BENCHMARKS.md). ``TORCHKM_NEIGHBOURS=0``/``1``: never / at
+    any k (experiments and tests)."""
+    setting = os.environ.get("TORCHKM_NEIGHBOURS", "auto")
+    if setting == "0" or (setting != "1" and k > NEIGHBOUR_MAX_CLUSTERS):
+        return 0
+    return CANDIDATES - 1
 
 
 def candidate_rows(n: int) -> int:

@@ -555,6 +555,20 @@ def test_candidate_copy_keeps_the_result(monkeypatch, offset):
     _assert_same_pass(x, c, groups, (labels, sq_dist, sums, counts), (labels0, sq_dist0, sums0, counts0), shift)
 
 
+def test_neighbour_lists_up_to_their_cluster_limit(monkeypatch):
+    """The exact mode lists near centroids (15, the candidate buffer less the winner) up to
+    ``NEIGHBOUR_MAX_CLUSTERS`` centroids; ``TORCHKM_NEIGHBOURS`` 0 / 1: never / at any k."""
+    from torchkm._kernels.assign import CANDIDATES, NEIGHBOUR_MAX_CLUSTERS, neighbour_count
+
+    monkeypatch.delenv("TORCHKM_NEIGHBOURS", raising=False)
+    assert neighbour_count(NEIGHBOUR_MAX_CLUSTERS) == CANDIDATES - 1 == 15
+    assert neighbour_count(NEIGHBOUR_MAX_CLUSTERS + 1) == 0
+    monkeypatch.setenv("TORCHKM_NEIGHBOURS", "1")
+    assert neighbour_count(1 << 20) == 15
+    monkeypatch.setenv("TORCHKM_NEIGHBOURS", "0")
+    assert neighbour_count(7) == 0
+
+
 @pytest.mark.parametrize("offset", [False, True])
 def test_neighbour_lists_settle_tight_clusters_as_the_candidate_re_search(monkeypatch, offset):
     """Rows of tight clusters, each split among four close centroids (one in each re-search chunk),
