@@ -2233,8 +2233,9 @@ class AssignPass:
                     self.full_slots = torch.empty(n, dtype=torch.int32, device=device)
                     self.neighbours = neighbour_count(k)
                     if self.neighbours:
-                        # (``need`` starts cleared; each pass's neighbour launch clears it again.)
+                        # (``need`` and ``tally`` start cleared; each pass's neighbour launches clear them again.)
                         self.neighbour_need = torch.zeros(k, dtype=torch.int32, device=device)
+                        self.neighbour_tally = torch.zeros(k, dtype=torch.int32, device=device)
                         self.neighbour_ids = torch.empty(k, self.neighbours, dtype=torch.int32, device=device)
                         self.neighbour_counts = torch.empty(k, dtype=torch.int32, device=device)
                         self.neighbour_radius = torch.empty(k, dtype=torch.float32, device=device)
@@ -2595,8 +2596,8 @@ class AssignPass:
                         launcher(_neighbour_need_kernel)[(self.recheck_grid,)](
                             self.flag_count, keys, self.neighbour_need, control_args["control_ptr"], self.cand_cap,
                             BLOCK=256, HAS_CONTROL=control is not None, num_warps=4)
-                        centroid_neighbours(c32, self.neighbour_need, self.neighbour_ids, self.neighbour_counts,
-                                            self.neighbour_radius, control)
+                        centroid_neighbours(c32, self.neighbour_need, self.neighbour_tally, self.neighbour_ids,
+                                            self.neighbour_counts, self.neighbour_radius, control)
                         neighbour_ids, neighbour_counts = self.neighbour_ids, self.neighbour_counts
                         neighbour_radius = self.neighbour_radius
                     else:
@@ -2744,9 +2745,9 @@ def neighbour_count(k: int) -> int:
     ``centroids.centroid_neighbours`` and ``_candidate_plan_kernel``): the candidate buffer's size
     less the winner; 0 (none, every deferred row re-scored by chunks) over more than
     ``NEIGHBOUR_MAX_CLUSTERS`` centroids, where the search, a k x k product over the centroids
-    with deferred rows, grows as k^2 (H200, d = 128, tight clusters, every centroid searched: 0.3
-    ms in a pass at k = 4,096; a variant with half the centroids a program, 0.42 ms there, 6.5 ms
-    at 16,384 and 95 ms at 65,536; see BENCHMARKS.md). ``TORCHKM_NEIGHBOURS=0``/``1``: never / at
+    with deferred rows, grows as k^2 (H200, d = 128, tight clusters, every centroid searched: 0.20
+    ms at k = 4,096, 2.0 ms at 16,384 and 31 ms at 65,536, where a pass over 10M rows takes about
+    0.4 s; the limit stays until a pass at that size is measured with the lists; see BENCHMARKS.md). ``TORCHKM_NEIGHBOURS=0``/``1``: never / at
     any k (experiments and tests)."""
     setting = os.environ.get("TORCHKM_NEIGHBOURS", "auto")
     if setting == "0" or (setting != "1" and k > NEIGHBOUR_MAX_CLUSTERS):

@@ -444,120 +444,171 @@ def _neighbour_reach(need_sq, d):
 
 @triton.jit
 def _neighbours_kernel(
-    c_ptr, mean_ptr, need_ptr, ids_ptr, count_ptr, radius_ptr, control_ptr, k, d,
+    c_ptr, mean_ptr, need_ptr, tally_ptr, ids_ptr, control_ptr, k, d, first_tile, col_tiles, splits,
     COUNT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
-    """``centroid_neighbours``: one program per BLOCK_M centroids, streaming the centroids in tiles of
-    BLOCK_K (tf32 products of the centred centroids) until each of its centroids has its reach
-    searched or more than COUNT centroids within it."""
-    go = True
+    """``centroid_neighbours``' search: program (i, s) takes centroids [i BLOCK_M, (i + 1) BLOCK_M)
+    against the column tiles first_tile + s, first_tile + s + splits, ... (up to col_tiles) of
+    BLOCK_K centroids (tf32 products of the centred
+    centroids), appending each hit to its centroid's list through the tally. A row block with no
+    need returns at once; a tile whose rows have all seen more than COUNT hits is skipped (N(0, 1)
+    rows: everything lies within reach, so most tiles)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < k
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
+        row_mask = row_mask & (tl.load(control_ptr) == 0)
+    need_bits = tl.load(need_ptr + rows, mask=row_mask, other=0)
+    active = row_mask & (need_bits > 0)
+    # (Rows already past COUNT, after an earlier launch, are done.)
+    active = active & (tl.load(tally_ptr + rows, mask=active, other=0, volatile=True) <= COUNT)
+    if tl.max(active.to(tl.int32), axis=0) > 0:
+        reach = _neighbour_reach(tl.maximum(need_bits - 1, 0).to(tl.float32, bitcast=True), d)
+        reach_sq = reach * reach * (1.0 + 2.0**-20)
+        dims0 = tl.arange(0, BLOCK_D)
+        rows64 = rows.to(tl.int64)
+        sq_w = tl.zeros((BLOCK_M,), tl.float32)
+        for d0 in range(0, d, BLOCK_D):
+            dims = d0 + dims0
+            dim_mask = dims < d
+            mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
+            a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :], mask=active[:, None] & dim_mask[None, :],
+                        other=0.0)
+            a = tl.where(active[:, None] & dim_mask[None, :], a - mean[None, :], 0.0)
+            sq_w += tl.sum(a * a, axis=1)
+        norm_w = tl.sqrt(sq_w)
+        # Once every row of the block has seen more than COUNT hits the rest of its tiles are skipped
+        # without a load (a tally only grows: a row past COUNT stays past it, whatever the other
+        # programs add). (``rows * 0 + done``: the interpreter takes no scalar into a mask.)
+        done = tl.program_id(0) * 0
+        for t in range(first_tile + tl.program_id(1), col_tiles, splits):
+            tally = tl.load(tally_ptr + rows, mask=active & (rows * 0 + done == 0), other=COUNT + 1, volatile=True)
+            searching = active & (tally <= COUNT)
+            some = tl.max(searching.to(tl.int32), axis=0) > 0
+            done = tl.where(some, done, 1)
+            if some:
+                cols = t * BLOCK_K + tl.arange(0, BLOCK_K)
+                col_mask = cols < k
+                cols64 = cols.to(tl.int64)
+                acc = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+                sq_j = tl.zeros((BLOCK_K,), tl.float32)
+                for d0 in range(0, d, BLOCK_D):
+                    dims = d0 + dims0
+                    dim_mask = dims < d
+                    mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
+                    a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :],
+                                mask=searching[:, None] & dim_mask[None, :], other=0.0)
+                    a = tl.where(searching[:, None] & dim_mask[None, :], a - mean[None, :], 0.0)
+                    b = tl.load(c_ptr + cols64[:, None] * d + dims[None, :],
+                                mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
+                    b = tl.where(col_mask[:, None] & dim_mask[None, :], b - mean[None, :], 0.0)
+                    acc = tl.dot(a, tl.trans(b), acc, input_precision="tf32")
+                    sq_j += tl.sum(b * b, axis=1)
+                dist_sq = sq_w[:, None] + sq_j[None, :] - 2.0 * acc
+                # The products' tf32 operands (2^-10 each, truncated) and fp32 sums of d terms, the
+                # norms' sums, with the usual 1.25 factor: a centroid left out is farther than the
+                # reach.
+                error = 1.25 * (2.0 * norm_w[:, None] * tl.sqrt(sq_j)[None, :] * (2.0**-9 + d * 2.0**-22)
+                                + (sq_w[:, None] + sq_j[None, :]) * (d * 2.0**-23))
+                hit = (searching[:, None] & col_mask[None, :] & (cols[None, :] != rows[:, None])
+                       & (dist_sq - error <= reach_sq[:, None]))
+                # Hits are few (a handful per row over all tiles): one atomic per hit for its slot.
+                pos = tl.atomic_add(tally_ptr + rows[:, None] + tl.zeros_like(cols)[None, :],
+                                    tl.full((BLOCK_M, BLOCK_K), 1, tl.int32), mask=hit, sem="relaxed")
+                tl.store(ids_ptr + rows64[:, None] * COUNT + pos, cols[None, :] + tl.zeros_like(pos),
+                         mask=hit & (pos < COUNT))
+
+
+@triton.jit
+def _neighbours_finish_kernel(need_ptr, tally_ptr, count_ptr, radius_ptr, control_ptr, k, d,
+                              COUNT: tl.constexpr, BLOCK: tl.constexpr, HAS_CONTROL: tl.constexpr):
+    """``centroid_neighbours``' end: each centroid's count and radius from its tally and need, both
+    then cleared for the next pass."""
+    go = True
+    if HAS_CONTROL:
         go = tl.load(control_ptr) == 0
     if go:
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         row_mask = rows < k
         need_bits = tl.load(need_ptr + rows, mask=row_mask, other=0)
-        active = row_mask & (need_bits > 0)
+        tally = tl.load(tally_ptr + rows, mask=row_mask, other=0)
         reach = _neighbour_reach(tl.maximum(need_bits - 1, 0).to(tl.float32, bitcast=True), d)
-        count = tl.zeros((BLOCK_M,), tl.int32)
-        if tl.max(active.to(tl.int32), axis=0) > 0:
-            dims0 = tl.arange(0, BLOCK_D)
-            rows64 = rows.to(tl.int64)
-            sq_w = tl.zeros((BLOCK_M,), tl.float32)
-            for d0 in range(0, d, BLOCK_D):
-                dims = d0 + dims0
-                dim_mask = dims < d
-                mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
-                a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :], mask=active[:, None] & dim_mask[None, :],
-                            other=0.0)
-                a = tl.where(dim_mask[None, :], a - mean[None, :], 0.0)
-                sq_w += tl.sum(a * a, axis=1)
-            reach_sq = reach * reach * (1.0 + 2.0**-20)
-            # The first tile, then (phase 1) the rest only if a centroid of the block is still
-            # searching: nothing is left to find once all are past COUNT (N(0, 1) rows: at the first
-            # tile). No check per tile, which would keep the next tiles' loads from overlapping.
-            # (Inline: torch's mutation analysis counts a helper's pointers as written when what it
-            # returns reaches a store's address, see tests/kernels/test_mutations.py.)
-            first = 0
-            stop = BLOCK_K
-            for phase in tl.static_range(2):
-                for k0 in range(first, stop, BLOCK_K):
-                    cols = k0 + tl.arange(0, BLOCK_K)
-                    col_mask = cols < k
-                    cols64 = cols.to(tl.int64)
-                    acc = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-                    sq_j = tl.zeros((BLOCK_K,), tl.float32)
-                    for d0 in range(0, d, BLOCK_D):
-                        dims = d0 + dims0
-                        dim_mask = dims < d
-                        mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
-                        a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :],
-                                    mask=active[:, None] & dim_mask[None, :], other=0.0)
-                        a = tl.where(dim_mask[None, :], a - mean[None, :], 0.0)
-                        b = tl.load(c_ptr + cols64[:, None] * d + dims[None, :],
-                                    mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
-                        b = tl.where(dim_mask[None, :], b - mean[None, :], 0.0)
-                        acc = tl.dot(a, tl.trans(b), acc, input_precision="tf32")
-                        sq_j += tl.sum(b * b, axis=1)
-                    dist_sq = sq_w[:, None] + sq_j[None, :] - 2.0 * acc
-                    # The products' tf32 operands (2^-10 each, truncated) and fp32 sums of d terms,
-                    # the norms' sums, with the usual 1.25 factor: a centroid left out is farther
-                    # than the reach.
-                    error = 1.25 * (2.0 * tl.sqrt(sq_w)[:, None] * tl.sqrt(sq_j)[None, :] * (2.0**-9 + d * 2.0**-22)
-                                    + (sq_w[:, None] + sq_j[None, :]) * (d * 2.0**-23))
-                    hit = (active[:, None] & col_mask[None, :] & (cols[None, :] != rows[:, None])
-                           & (dist_sq - error <= reach_sq[:, None]))
-                    hit_i = hit.to(tl.int32)
-                    pos = count[:, None] + tl.cumsum(hit_i, axis=1) - 1
-                    tl.store(ids_ptr + rows64[:, None] * COUNT + pos, cols[None, :] + tl.zeros_like(pos),
-                             mask=hit & (pos < COUNT))
-                    count += tl.sum(hit_i, axis=1)
-                if phase == 0:
-                    first = BLOCK_K
-                    stop = tl.where(tl.max((active & (count <= COUNT)).to(tl.int32), axis=0) > 0, k, BLOCK_K)
-        tl.store(count_ptr + rows, count, mask=row_mask)
-        tl.store(radius_ptr + rows, tl.where(active & (count <= COUNT), reach, -1.0), mask=row_mask)
-        tl.store(need_ptr + rows, tl.zeros((BLOCK_M,), tl.int32), mask=row_mask)
+        tl.store(count_ptr + rows, tally, mask=row_mask)
+        tl.store(radius_ptr + rows, tl.where((need_bits > 0) & (tally <= COUNT), reach, -1.0), mask=row_mask)
+        tl.store(need_ptr + rows, tl.zeros_like(need_bits), mask=row_mask)
+        tl.store(tally_ptr + rows, tl.zeros_like(tally), mask=row_mask)
+
+
+# Programs of the neighbour search per SM (``centroid_neighbours``): enough that a program's tiles,
+# one after another, overlap with the others', few enough that a row block's first tiles, all in
+# flight at once, are a small part of its columns (a tile past its rows' COUNT is skipped).
+NEIGHBOUR_PROGRAMS_PER_SM = 4
+# The search's square tiles of centroids, the features a step, and warps a program. (H200, every
+# centroid searched, tight blobs / N(0, 1), us: 4,096 x 128 204 / 78 at 128 and 8 warps, 196 / 42
+# at 64 and 4; 8,192 x 768 1,483 / 126 against 1,688 / 80. 64 and 4 would suit N(0, 1) rows better,
+# but only 128 and 8 ran the GPU tests in this form: see BENCHMARKS.md.)
+NEIGHBOUR_BLOCK = 128
+NEIGHBOUR_BLOCK_D = 64
+NEIGHBOUR_WARPS = 8
 
 
 def centroid_neighbours(
     c32: torch.Tensor,
     need: torch.Tensor,
+    tally: torch.Tensor,
     ids: torch.Tensor,
     counts: torch.Tensor,
     radius: torch.Tensor,
     control: torch.Tensor | None = None,
 ) -> None:
-    """The centroids near each centroid that deferred rows of the exact pass need compared, in one launch.
+    """The centroids near each centroid that deferred rows of the exact pass need compared, in three launches.
 
     ``need`` int32 (k,): per centroid, 0, or 1 + the bits of the largest squared distance ``D`` of
     a deferred row whose winner so far it is (``assign._neighbour_need_kernel``); cleared here
-    for the next pass. For each centroid ``w`` with a need, every other centroid within the reach
-    ``2 sqrt(D)`` (with room for the roundings of ``D``) goes to ``ids[w]`` (int32 (k, COUNT), in
-    any order; ``counts[w]`` of them); ``radius[w]`` is then that reach, or -1 where more than
-    COUNT lie within it (``ids[w]`` partly written) or there was no need. A row whose winner so far
-    is ``w`` at ``D`` then has its true nearest among ``w`` and ``ids[w]`` (triangle inequality).
+    for the next pass. ``tally`` int32 (k,): a work buffer, zero on entry and again on exit. For
+    each centroid ``w`` with a need, every other centroid within the reach ``2 sqrt(D)`` (with room
+    for the roundings of ``D``) goes to ``ids[w]`` (int32 (k, COUNT), in any order; ``counts[w]`` of
+    them); ``radius[w]`` is then that reach, or -1 where more than COUNT lie within it (``ids[w]``
+    partly written, ``counts[w]`` at least the hits seen) or there was no need. A row whose winner
+    so far is ``w`` at ``D`` then has its true nearest among ``w`` and ``ids[w]`` (triangle
+    inequality).
 
     Why: the exact mode defers rows whose fast scores cannot tell their nearest centroid; where
     several centroids split a cluster tighter than the fast products' rounding, those are many,
     each near a few centroids and far from the rest: then a handful of direct distances settles a
-    row, instead of re-scoring it against a chunk of centroids. A centroid's search stops once more
-    than COUNT lie within its reach (N(0, 1) rows: at the first tile).
+    row, instead of re-scoring it against a chunk of centroids.
 
     Distances of the centroids centred on their mean (the error scales with the norms), by tf32
     products; a centroid is left out only when its distance less the bound on that error is past the
-    reach. ``control``: see ``prepare_centroids``.
+    reach. The product runs in tiles over a two-dimensional grid (row blocks of the centroids with a
+    need, column tiles split among programs), each tile appending its hits through ``tally``, so the
+    k x k product is spread over the whole GPU. ``control``: see ``prepare_centroids``.
     """
     k, d = c32.shape
     count = ids.shape[1]
+    device = c32.device
     mean = c32.mean(0)
-    block_m = 32 if k > 2048 else 16
-    launcher(_neighbours_kernel)[(triton.cdiv(k, block_m),)](
-        c32, mean, need, ids, counts, radius, unused(c32.device, torch.int32) if control is None else control, k, d,
-        COUNT=count, BLOCK_M=block_m, BLOCK_K=64, BLOCK_D=max(16, min(128, triton.next_power_of_2(d))),
-        HAS_CONTROL=control is not None, num_warps=4,
-    )
+    block = max(16, min(NEIGHBOUR_BLOCK, triton.next_power_of_2(k)))
+    row_blocks = col_tiles = triton.cdiv(k, block)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    splits = max(1, min(col_tiles - 1, triton.cdiv(NEIGHBOUR_PROGRAMS_PER_SM * sms, row_blocks)))
+    control_arg = unused(device, torch.int32) if control is None else control
+    # The first column tile for every row block, then the rest where a row still searches: where
+    # every centroid lies within reach (N(0, 1) rows) the first tile already passes COUNT, and the
+    # second launch's programs return after two loads each (H200, N(0, 1) centroids, 4,096 x 128,
+    # 64-centroid tiles: 42 us, against 67 when the first tiles of all the programs of a row block
+    # ran at once).
+    for first, stop, grid_splits in ((0, 1, 1), (1, col_tiles, splits)):
+        if first < stop:
+            launcher(_neighbours_kernel)[(row_blocks, grid_splits)](
+                c32, mean, need, tally, ids, control_arg, k, d, first, stop, grid_splits,
+                COUNT=count, BLOCK_M=block, BLOCK_K=block,
+                BLOCK_D=max(16, min(NEIGHBOUR_BLOCK_D, triton.next_power_of_2(d))),
+                HAS_CONTROL=control is not None, num_warps=NEIGHBOUR_WARPS,
+            )
+    launcher(_neighbours_finish_kernel)[(triton.cdiv(k, 1024),)](
+        need, tally, counts, radius, control_arg, k, d, COUNT=count, BLOCK=1024, HAS_CONTROL=control is not None,
+        num_warps=4)
 
 
 def centroid_neighbours_reference(c32: torch.Tensor, need_sq: torch.Tensor, count: int) -> tuple[list, torch.Tensor]:

@@ -32,7 +32,8 @@ WRITES = {
     "_research_kernel": {"key_ptr"},
     "_candidate_plan_kernel": {"count_ptr", "list_ptr", "top_ptr", "xh_ptr", "cand_ptr"},
     "_neighbour_need_kernel": {"need_ptr"},
-    "_neighbours_kernel": {"need_ptr", "ids_ptr", "count_ptr", "radius_ptr"},
+    "_neighbours_kernel": {"tally_ptr", "ids_ptr"},
+    "_neighbours_finish_kernel": {"need_ptr", "tally_ptr", "count_ptr", "radius_ptr"},
     "_candidate_kernel": {"count_ptr", "cand_ptr"},
     "_candidate_exact_kernel": {"count_ptr", "key_ptr", "slot_list_ptr"},
     "_assign_small_d_kernel": {"acc_ptr", "labels_ptr", "part_changed_ptr", "part_inertia_ptr", "sq_dist_ptr"},
@@ -119,7 +120,8 @@ def test_launches_write_only_their_outputs():
     kernels = {r["kernel"] for r in results}
     assert {"_prepare_kernel", "_assign_kernel", "_assign_small_d_kernel", "_research_kernel", "_candidate_plan_kernel",
             "_candidate_kernel", "_candidate_exact_kernel", "_amax_parts_kernel", "_half_rows_kernel",
-            "_neighbour_need_kernel", "_neighbours_kernel"} <= kernels
+            "_neighbour_need_kernel", "_neighbours_kernel",
+            "_neighbours_finish_kernel"} <= kernels
     for r in results:
         extra = set(r["writes"]) - WRITES[r["kernel"]]
         assert not extra, f"{r['kernel']} in case {r['case']} counts {sorted(extra)} as written"
