@@ -2747,8 +2747,8 @@ def neighbour_count(k: int) -> int:
     ``NEIGHBOUR_MAX_CLUSTERS`` centroids, where the search, a k x k product over the centroids
     with deferred rows, grows as k^2 (H200, d = 128, tight clusters, every centroid searched: 0.20
     ms at k = 4,096, 2.0 ms at 16,384 and 31 ms at 65,536, where a pass over 10M rows takes about
-    0.4 s; the limit stays until a pass at that size is measured with the lists; see BENCHMARKS.md). ``TORCHKM_NEIGHBOURS=0``/``1``: never / at
-    any k (experiments and tests)."""
+    0.4 s; the limit stays until a pass at that size is measured with the lists; see
+    BENCHMARKS.md). ``TORCHKM_NEIGHBOURS=0``/``1``: never / at any k (experiments and tests)."""
     setting = os.environ.get("TORCHKM_NEIGHBOURS", "auto")
     if setting == "0" or (setting != "1" and k > NEIGHBOUR_MAX_CLUSTERS):
         return 0

@@ -450,10 +450,10 @@ def _neighbours_kernel(
 ):
     """``centroid_neighbours``' search: program (i, s) takes centroids [i BLOCK_M, (i + 1) BLOCK_M)
     against the column tiles first_tile + s, first_tile + s + splits, ... (up to col_tiles) of
-    BLOCK_K centroids (tf32 products of the centred
-    centroids), appending each hit to its centroid's list through the tally. A row block with no
-    need returns at once; a tile whose rows have all seen more than COUNT hits is skipped (N(0, 1)
-    rows: everything lies within reach, so most tiles)."""
+    BLOCK_K centroids (tf32 products of the centred centroids), appending each hit to its
+    centroid's list through the tally. A row block with no need returns at once; a tile whose rows
+    have all seen more than COUNT hits is skipped (N(0, 1) rows: everything lies within reach, so
+    most tiles)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < k
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
