@@ -444,16 +444,16 @@ def _neighbour_reach(need_sq, d):
 
 @triton.jit
 def _neighbours_kernel(
-    c_ptr, mean_ptr, need_ptr, tally_ptr, ids_ptr, control_ptr, k, d, first_tile, col_tiles, splits,
+    c_ptr, norm_ptr, need_ptr, tally_ptr, ids_ptr, control_ptr, k, d, first_tile, col_tiles, splits,
     COUNT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_CONTROL: tl.constexpr,
 ):
     """``centroid_neighbours``' search: program (i, s) takes centroids [i BLOCK_M, (i + 1) BLOCK_M)
     against the column tiles first_tile + s, first_tile + s + splits, ... (up to col_tiles) of
-    BLOCK_K centroids (tf32 products of the centred centroids), appending each hit to its
-    centroid's list through the tally. A row block with no need returns at once; a tile whose rows
-    have all seen more than COUNT hits is skipped (N(0, 1) rows: everything lies within reach, so
-    most tiles)."""
+    BLOCK_K centroids (tf32 products of the centred centroids ``c_ptr``, their norms ``norm_ptr``),
+    appending each hit to its centroid's list through the tally. A row block with no need returns
+    at once; a tile whose rows have all seen more than COUNT hits is skipped (N(0, 1) rows:
+    everything lies within reach, so most tiles)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < k
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see prepare_centroids)
@@ -467,16 +467,7 @@ def _neighbours_kernel(
         reach_sq = reach * reach * (1.0 + 2.0**-20)
         dims0 = tl.arange(0, BLOCK_D)
         rows64 = rows.to(tl.int64)
-        sq_w = tl.zeros((BLOCK_M,), tl.float32)
-        for d0 in range(0, d, BLOCK_D):
-            dims = d0 + dims0
-            dim_mask = dims < d
-            mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
-            a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :], mask=active[:, None] & dim_mask[None, :],
-                        other=0.0)
-            a = tl.where(active[:, None] & dim_mask[None, :], a - mean[None, :], 0.0)
-            sq_w += tl.sum(a * a, axis=1)
-        norm_w = tl.sqrt(sq_w)
+        norm_w = tl.load(norm_ptr + rows, mask=row_mask, other=0.0)
         # Once every row of the block has seen more than COUNT hits the rest of its tiles are skipped
         # without a load (a tally only grows: a row past COUNT stays past it, whatever the other
         # programs add). (``rows * 0 + done``: the interpreter takes no scalar into a mask.)
@@ -490,33 +481,35 @@ def _neighbours_kernel(
                 cols = t * BLOCK_K + tl.arange(0, BLOCK_K)
                 col_mask = cols < k
                 cols64 = cols.to(tl.int64)
+                norm_j = tl.load(norm_ptr + cols, mask=col_mask, other=0.0)
+                # (The loads go straight to the product, which can then pipeline them.)
                 acc = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-                sq_j = tl.zeros((BLOCK_K,), tl.float32)
                 for d0 in range(0, d, BLOCK_D):
                     dims = d0 + dims0
                     dim_mask = dims < d
-                    mean = tl.load(mean_ptr + dims, mask=dim_mask, other=0.0)
-                    a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :],
-                                mask=searching[:, None] & dim_mask[None, :], other=0.0)
-                    a = tl.where(searching[:, None] & dim_mask[None, :], a - mean[None, :], 0.0)
-                    b = tl.load(c_ptr + cols64[:, None] * d + dims[None, :],
-                                mask=col_mask[:, None] & dim_mask[None, :], other=0.0)
-                    b = tl.where(col_mask[:, None] & dim_mask[None, :], b - mean[None, :], 0.0)
+                    a = tl.load(c_ptr + rows64[:, None] * d + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
+                                other=0.0)
+                    b = tl.load(c_ptr + cols64[:, None] * d + dims[None, :], mask=col_mask[:, None] & dim_mask[None, :],
+                                other=0.0)
                     acc = tl.dot(a, tl.trans(b), acc, input_precision="tf32")
-                    sq_j += tl.sum(b * b, axis=1)
+                sq_w = norm_w * norm_w
+                sq_j = norm_j * norm_j
                 dist_sq = sq_w[:, None] + sq_j[None, :] - 2.0 * acc
                 # The products' tf32 operands (2^-10 each, truncated) and fp32 sums of d terms, the
-                # norms' sums, with the usual 1.25 factor: a centroid left out is farther than the
-                # reach.
-                error = 1.25 * (2.0 * norm_w[:, None] * tl.sqrt(sq_j)[None, :] * (2.0**-9 + d * 2.0**-22)
-                                + (sq_w[:, None] + sq_j[None, :]) * (d * 2.0**-23))
+                # norms' sums (and their square roots, squared here: 4 more units), with the usual
+                # 1.25 factor: a centroid left out is farther than the reach.
+                error = 1.25 * (2.0 * norm_w[:, None] * norm_j[None, :] * (2.0**-9 + d * 2.0**-22)
+                                + (sq_w[:, None] + sq_j[None, :]) * ((d + 4) * 2.0**-23))
                 hit = (searching[:, None] & col_mask[None, :] & (cols[None, :] != rows[:, None])
                        & (dist_sq - error <= reach_sq[:, None]))
-                # Hits are few (a handful per row over all tiles): one atomic per hit for its slot.
-                pos = tl.atomic_add(tally_ptr + rows[:, None] + tl.zeros_like(cols)[None, :],
-                                    tl.full((BLOCK_M, BLOCK_K), 1, tl.int32), mask=hit, sem="relaxed")
-                tl.store(ids_ptr + rows64[:, None] * COUNT + pos, cols[None, :] + tl.zeros_like(pos),
-                         mask=hit & (pos < COUNT))
+                # Hits are few (a handful per row over all tiles, most tiles none): one atomic per
+                # hit for its slot, in the tiles that have one. (Issuing the tile's masked atomics
+                # regardless: H200, 4,096 x 128 tight blobs, 143 against 107 us for the search.)
+                if tl.sum(hit.to(tl.int32), axis=None) > 0:
+                    pos = tl.atomic_add(tally_ptr + rows[:, None] + tl.zeros_like(cols)[None, :],
+                                        tl.full((BLOCK_M, BLOCK_K), 1, tl.int32), mask=hit, sem="relaxed")
+                    tl.store(ids_ptr + rows64[:, None] * COUNT + pos, cols[None, :] + tl.zeros_like(pos),
+                             mask=hit & (pos < COUNT))
 
 
 @triton.jit
@@ -544,12 +537,14 @@ def _neighbours_finish_kernel(need_ptr, tally_ptr, count_ptr, radius_ptr, contro
 # flight at once, are a small part of its columns (a tile past its rows' COUNT is skipped).
 NEIGHBOUR_PROGRAMS_PER_SM = 4
 # The search's square tiles of centroids, the features a step, and warps a program. (H200, every
-# centroid searched, tight blobs / N(0, 1), us: 4,096 x 128 204 / 78 at 128 and 8 warps, 196 / 42
-# at 64 and 4; 8,192 x 768 1,483 / 126 against 1,688 / 80. 64 and 4 would suit N(0, 1) rows better,
-# but only 128 and 8 ran the GPU tests in this form: see BENCHMARKS.md.)
-NEIGHBOUR_BLOCK = 128
+# centroid searched, tight blobs / N(0, 1), us: 4,096 x 128 196 / 42 at 64 and 4, 204 / 78 at 128
+# and 8; 8,192 x 768 1,688 / 80 against 1,483 / 126; 16,384 x 128 2,060 / 67 against 1,995 / 107:
+# see BENCHMARKS.md, 2026-12-03.)
+NEIGHBOUR_BLOCK = 64
 NEIGHBOUR_BLOCK_D = 64
-NEIGHBOUR_WARPS = 8
+NEIGHBOUR_WARPS = 4
+# (8,192 x 768: 927 us at 2 stages, 845 at 3; level at d = 128)
+NEIGHBOUR_STAGES = 3
 
 
 def centroid_neighbours(
@@ -587,7 +582,13 @@ def centroid_neighbours(
     k, d = c32.shape
     count = ids.shape[1]
     device = c32.device
-    mean = c32.mean(0)
+    # Centred once (the error scales with the norms), the norms beside them, so that the search's
+    # loads go straight into its products (H200, tight blobs, every centroid searched, us: 4,096 x
+    # 128 196 -> 107 with the tiles that have a hit alone taking atomics; 8,192 x 768 1,680 -> 845;
+    # N(0, 1) 4,096 x 128 42 -> 35; BENCHMARKS.md, 2026-12-04).
+    centred, _ = centre_rows(c32)
+    norms = torch.empty(k, dtype=torch.float32, device=device)
+    row_norms(centred, norms)
     block = max(16, min(NEIGHBOUR_BLOCK, triton.next_power_of_2(k)))
     row_blocks = col_tiles = triton.cdiv(k, block)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
@@ -601,10 +602,10 @@ def centroid_neighbours(
     for first, stop, grid_splits in ((0, 1, 1), (1, col_tiles, splits)):
         if first < stop:
             launcher(_neighbours_kernel)[(row_blocks, grid_splits)](
-                c32, mean, need, tally, ids, control_arg, k, d, first, stop, grid_splits,
+                centred, norms, need, tally, ids, control_arg, k, d, first, stop, grid_splits,
                 COUNT=count, BLOCK_M=block, BLOCK_K=block,
                 BLOCK_D=max(16, min(NEIGHBOUR_BLOCK_D, triton.next_power_of_2(d))),
-                HAS_CONTROL=control is not None, num_warps=NEIGHBOUR_WARPS,
+                HAS_CONTROL=control is not None, num_warps=NEIGHBOUR_WARPS, num_stages=NEIGHBOUR_STAGES,
             )
     launcher(_neighbours_finish_kernel)[(triton.cdiv(k, 1024),)](
         need, tally, counts, radius, control_arg, k, d, COUNT=count, BLOCK=1024, HAS_CONTROL=control is not None,

@@ -33,6 +33,9 @@ WRITES = {
     "_candidate_plan_kernel": {"count_ptr", "list_ptr", "top_ptr", "xh_ptr", "cand_ptr"},
     "_neighbour_need_kernel": {"need_ptr"},
     "_neighbours_kernel": {"tally_ptr", "ids_ptr"},
+    # (the neighbour search's centred centroids)
+    "_column_partials_kernel": {"partials_ptr"},
+    "_centre_kernel": {"out_ptr", "mean_ptr"},
     "_neighbours_finish_kernel": {"need_ptr", "tally_ptr", "count_ptr", "radius_ptr"},
     "_candidate_kernel": {"count_ptr", "cand_ptr"},
     "_candidate_exact_kernel": {"count_ptr", "key_ptr", "slot_list_ptr"},
