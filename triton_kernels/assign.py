@@ -2737,7 +2737,7 @@ REUSED_PASS_MAX_ELEMENTS = 1 << 23
 # The candidate re-search (``_candidate_kernel``): candidates kept per deferred row.
 CANDIDATES = 16
 # The most centroids for which the exact mode searches each one's near others (``neighbour_count``).
-NEIGHBOUR_MAX_CLUSTERS = 8192
+NEIGHBOUR_MAX_CLUSTERS = 65536
 
 
 def neighbour_count(k: int) -> int:
@@ -2745,10 +2745,13 @@ def neighbour_count(k: int) -> int:
     ``centroids.centroid_neighbours`` and ``_candidate_plan_kernel``): the candidate buffer's size
     less the winner; 0 (none, every deferred row re-scored by chunks) over more than
     ``NEIGHBOUR_MAX_CLUSTERS`` centroids, where the search, a k x k product over the centroids
-    with deferred rows, grows as k^2 (H200, d = 128, tight clusters, every centroid searched: 0.20
-    ms at k = 4,096, 2.0 ms at 16,384 and 31 ms at 65,536, where a pass over 10M rows takes about
-    0.4 s; the limit stays until a pass at that size is measured with the lists; see
-    BENCHMARKS.md). ``TORCHKM_NEIGHBOURS=0``/``1``: never / at any k (experiments and tests)."""
+    with deferred rows, grows as k^2 (H200, d = 128, tight clusters, every centroid searched: 0.10
+    ms at k = 4,096, 1.0 ms at 16,384 and 15.7 ms at 65,536). Measured up to that size: at 10M x
+    128 x 65,536, mixed rows (62 / 37 % deferred, fp32 / bf16), the exact pass took 1,643 -> 757 ms
+    and 878 -> 378 ms with the lists, labels equal, and a fit's Lloyd iterations 1,378 -> 417 ms
+    and 651 -> 375 ms (flash-kmeans 863 / 415); N(0, 1) rows 391 / 376 ms either way (the search
+    0.08 ms: every list overflows in its first tile). See BENCHMARKS.md, 2026-12-04.
+    ``TORCHKM_NEIGHBOURS=0``/``1``: never / at any k (experiments and tests)."""
     setting = os.environ.get("TORCHKM_NEIGHBOURS", "auto")
     if setting == "0" or (setting != "1" and k > NEIGHBOUR_MAX_CLUSTERS):
         return 0
