@@ -537,9 +537,9 @@ def _neighbours_finish_kernel(need_ptr, tally_ptr, count_ptr, radius_ptr, contro
 # flight at once, are a small part of its columns (a tile past its rows' COUNT is skipped).
 NEIGHBOUR_PROGRAMS_PER_SM = 4
 # The search's square tiles of centroids, the features a step, and warps a program. (H200, every
-# centroid searched, tight blobs / N(0, 1), us: 4,096 x 128 196 / 42 at 64 and 4, 204 / 78 at 128
-# and 8; 8,192 x 768 1,688 / 80 against 1,483 / 126; 16,384 x 128 2,060 / 67 against 1,995 / 107:
-# see BENCHMARKS.md, 2026-12-03.)
+# centroid searched, tight blobs / N(0, 1), us: 4,096 x 128 101 / 33 at 64 and 4, 121 / 60 at 128
+# and 8; 8,192 x 768 857 / 79 against 679 / 116; 16,384 x 128 1,031 against 1,012: see
+# BENCHMARKS.md, 2026-12-04.)
 NEIGHBOUR_BLOCK = 64
 NEIGHBOUR_BLOCK_D = 64
 NEIGHBOUR_WARPS = 4
