@@ -119,3 +119,20 @@ def test_engines_that_cannot_restart_are_not_kept(kernels):
     assert {h.kernel for h in first.history} == {"pruned"}
     assert len(_workspace._kept) == 1 and not _engines()
     _alike(torchkm.fit(x, 7, init=x[:7].clone(), algorithm="pruned"), first)
+
+
+def test_another_torchkm_setting_gets_new_engines(kernels, monkeypatch):
+    """The kernels read their ``TORCHKM_*`` switches when an engine is built: a fit under other
+    settings must not restart engines built under the old ones."""
+    x = _blobs()
+    c0 = x[:7].clone()
+    torchkm.fit(x, 7, init=c0, algorithm="lloyd")
+    engines = _engines()
+    monkeypatch.setenv("TORCHKM_CHUNK_MINS", "0")
+    other = torchkm.fit(x, 7, init=c0, algorithm="lloyd")
+    assert len(_workspace._kept) == 2
+    assert [e for e in _engines() if all(e is not old for old in engines)]
+    monkeypatch.delenv("TORCHKM_CHUNK_MINS")
+    again = torchkm.fit(x, 7, init=c0, algorithm="lloyd")
+    assert len(_workspace._kept) == 2  # the first settings' workspace, taken back
+    _alike(other, again)

@@ -10,8 +10,9 @@ graphs they captured.
 A workspace holds the fit's label buffer (int32, one per row) and the engines that can restart
 (``restart``). At most ``KEPT`` are kept, for fits of at most ``MAX_ROWS`` rows (where set-up is a
 noticeable part of a fit), each only while its rows' tensor lives: it is dropped with it. A
-tensor changed in place (its version counter moved) or other sample weights make another key.
-``TORCHKM_REUSE_ENGINES=0`` turns reuse off.
+tensor changed in place (its version counter moved), other sample weights or another
+``TORCHKM_*`` environment (the kernels read their switches when an engine is built) make another
+key. ``TORCHKM_REUSE_ENGINES=0`` turns reuse off.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from . import _ops
 from ._reference import DataView
 
 __all__ = ["KEPT", "MAX_ROWS", "Workspace", "clear", "give_back", "take"]
@@ -68,7 +70,8 @@ def _key(data: DataView, k: int, sample_weight: torch.Tensor | None, tol: float,
         return None
     weight = None if sample_weight is None else (id(sample_weight), sample_weight.data_ptr(), sample_weight._version)
     return (id(x), x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, x._version, data.dtype,
-            data.precision, data.normalize, data.offset is None, data.row_scale is None, weight, k, float(tol), graphs)
+            data.precision, data.normalize, data.offset is None, data.row_scale is None, weight, k, float(tol), graphs,
+            _ops.settings())
 
 
 def take(data: DataView, k: int, sample_weight: torch.Tensor | None, tol: float, graphs: bool) -> Workspace:
