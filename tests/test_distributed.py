@@ -78,6 +78,12 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     except (ValueError, RuntimeError) as err:
         results["bad_input"] = f"{type(err).__name__}: {err}"
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    # Both ranks reach the teardown together. Without the barrier a rank sometimes aborted at its
+    # end ("terminate called without an active exception", gloo; 2 cores, 2026-12-04): once in a
+    # full CI run, once in 37 runs of this file beside a busy core; with it, none in 30. A
+    # barrier first is the usual guard against one rank closing its connections while the other
+    # still uses them.
+    dist.barrier()
     dist.destroy_process_group()
 
 
