@@ -583,9 +583,9 @@ def centroid_neighbours(
     count = ids.shape[1]
     device = c32.device
     # Centred once (the error scales with the norms), the norms beside them, so that the search's
-    # loads go straight into its products (H200, tight blobs, every centroid searched, us: 4,096 x
-    # 128 196 -> 107 with the tiles that have a hit alone taking atomics; 8,192 x 768 1,680 -> 845;
-    # N(0, 1) 4,096 x 128 42 -> 35; BENCHMARKS.md, 2026-12-04).
+    # loads go straight into its products (H200, tight blobs, every centroid searched, us, with the
+    # tiles that have a hit alone taking atomics: 4,096 x 128 196 -> 101; 8,192 x 768 1,680 -> 857;
+    # N(0, 1) 4,096 x 128 42 -> 33; BENCHMARKS.md, 2026-12-04).
     centred, _ = centre_rows(c32)
     norms = torch.empty(k, dtype=torch.float32, device=device)
     row_norms(centred, norms)
