@@ -1040,7 +1040,7 @@ def _candidate_kernel(
     offset_ptr, norm_ptr, c_norm_ptr, key_ptr, bound_coef, bias_coef,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, S: tl.constexpr,
     PRECISION: tl.constexpr, SPLIT: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr,
-    COPY: tl.constexpr, LISTS: tl.constexpr, HAS_OFFSET: tl.constexpr,
+    COPY: tl.constexpr, LISTS: tl.constexpr, HAS_OFFSET: tl.constexpr, X_ONCE: tl.constexpr = False,
 ):
     """The candidate re-search, second step: the rows listed for centroid chunk c (program axis 1;
     ``_candidate_plan_kernel``) are scored again against its centroids by the fast product, one
@@ -1055,7 +1055,11 @@ def _candidate_kernel(
     list every deferred row in order) there is no plan: each program takes the first ``cand_cap``
     deferred rows as they are and computes their thresholds itself (``_candidate_top``, as the plan
     does), from ``offset_ptr``, ``norm_ptr``, ``c_norm_ptr``, ``key_ptr`` and the bound's
-    coefficients."""
+    coefficients.
+
+    ``X_ONCE`` (rows read from x, of at most ``BLOCK_D`` features): each tile of rows is loaded and
+    converted once, not once per centroid tile."""
+    tl.static_assert(not X_ONCE or not COPY, "a row tile loaded once is read from x")
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
@@ -1118,6 +1122,13 @@ def _candidate_kernel(
                 top = tl.where(row_mask, top, float("-inf"))
             if HALF:
                 top = (top * half_scale) * half_scale
+            if X_ONCE:
+                # The whole row in one step: loaded and converted once for all the chunk's tiles.
+                x_once = tl.load(x_ptr + rows[:, None] * stride_xn + dims0[None, :] * stride_xd,
+                                 mask=row_mask[:, None] & (dims0 < d)[None, :], other=0.0)
+                if HALF:
+                    x_once = x_once * half_scale
+                x_once = x_once.to(mma_dtype)
             for k0 in range(first, last, BLOCK_K):
                 cols = k0 + tile_cols
                 col_mask = cols < last
@@ -1126,7 +1137,9 @@ def _candidate_kernel(
                 for d0 in range(0, d, BLOCK_D):
                     dims = d0 + dims0
                     dim_mask = dims < d
-                    if COPY:
+                    if X_ONCE:
+                        x_tile = x_once
+                    elif COPY:
                         x_tile = tl.load(xh_ptr + slots.to(tl.int64)[:, None] * d + dims[None, :],
                                          mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
                     else:
@@ -2618,7 +2631,7 @@ class AssignPass:
                 else:
                     chunk, chunks = candidate_chunks(self.k)
                     grid = (max(1, self.recheck_grid // chunks), chunks)
-                cand_cfg = candidate_config(torch.float16 if half else x.dtype, few_rows=not lists)
+                cand_cfg = candidate_config(torch.float16 if half else x.dtype, few_rows=not lists, d=d)
                 for copied in (True, False) if copy_rows else (False,):
                     launcher(_candidate_kernel)[grid](
                         x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),
@@ -2629,7 +2642,9 @@ class AssignPass:
                         bound_args["bound_coef"], bound_args["bias_coef"], S=CANDIDATES,
                         PRECISION="tf32" if x.dtype == torch.float32 and not half else "ieee", SPLIT=self.split,
                         HAS_CONTROL=control is not None, HALF=half, COPY=copied, LISTS=lists,
-                        HAS_OFFSET=offset is not None, **cand_cfg,
+                        HAS_OFFSET=offset is not None,
+                        X_ONCE=(not copied and d <= cand_cfg["BLOCK_D"]
+                                and os.environ.get("TORCHKM_CANDIDATE_X_ONCE", "1") != "0"), **cand_cfg,
                     )
                 launcher(_candidate_exact_kernel)[(self.recheck_grid,)](
                     x, c32, given(offset, name="offset"), self.flag_rows, self.flag_count, keys, self.cand_ids,

@@ -213,7 +213,7 @@ def float64_replicas(k: int, d: int) -> int:
     return min(64, max(1, (1 << 18) // max(1, k * d)))
 
 
-def candidate_config(dtype: torch.dtype, few_rows: bool = False) -> dict:
+def candidate_config(dtype: torch.dtype, few_rows: bool = False, d: int = 0) -> dict:
     """Tiles of the candidate re-search's fast product (``assign._candidate_kernel``): rows x
     centroids x features per step, warps, stages. ``TORCHKM_CANDIDATE_CONFIG``
     (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages``) overrides it for experiments.
@@ -226,7 +226,16 @@ def candidate_config(dtype: torch.dtype, few_rows: bool = False) -> dict:
     ``few_rows``: a pass over at most ``FEW_ROWS`` rows, whose candidate launch splits the centroids
     finer (``candidate_chunks``): 64 x 128 tiles for every dtype. H200, 32,768 x 256, k = 8192,
     about 50 rows deferred, kernel alone with 32 chunks, ms: fp32 64 x 256 0.023, 64 x 128 0.019;
-    bf16 128 x 128 0.015-0.016, 64 x 128 0.014-0.015 (2026-11-29)."""
+    bf16 128 x 128 0.015-0.016, 64 x 128 0.014-0.015 (2026-11-29).
+
+    16-bit operands of 65-128 features (``d``): 64 x 128 tiles of whole rows on 4 warps, 2 stages,
+    so that each tile of rows is loaded and converted once (``X_ONCE``). H200, 1M x 128, k = 4096,
+    Hopper search (every deferred row listed in all 16 chunks but where the neighbour lists settle
+    it), kernel alone, us, 128 x 128 x 64 on 8 warps -> this: fp32 rows as fp16 operands, N(0, 1)
+    rows, 0.6 % deferred 104 -> 75, over-split rows 21-25 % deferred 287-294 -> 232-250; bf16
+    N(0, 1) 1.1 % deferred 129 -> 114-116, over-split 5-7 % 25-46 -> 23-44. Whole rows on 128 x
+    128 tiles, 8 warps: 87, 249, 126 (110, 320, 139 loading each tile of rows per centroid tile).
+    (benchmarks/results/2026-12-04_h200_s11_call1_gap0.txt.)"""
     spec = os.environ.get("TORCHKM_CANDIDATE_CONFIG")
     if spec:
         bn, bk, bd, warps, stages = (int(v) for v in spec.split(","))
@@ -235,6 +244,8 @@ def candidate_config(dtype: torch.dtype, few_rows: bool = False) -> dict:
         return {"BLOCK_N": 64, "BLOCK_K": 128, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3}
     if dtype == torch.float32:
         return {"BLOCK_N": 64, "BLOCK_K": 256, "BLOCK_D": 32, "num_warps": 8, "num_stages": 3}
+    if 64 < d <= 128:
+        return {"BLOCK_N": 64, "BLOCK_K": 128, "BLOCK_D": 128, "num_warps": 4, "num_stages": 2}
     return {"BLOCK_N": 128, "BLOCK_K": 128, "BLOCK_D": 64, "num_warps": 8, "num_stages": 3}
 
 

@@ -555,6 +555,58 @@ def test_candidate_copy_keeps_the_result(monkeypatch, offset):
     _assert_same_pass(x, c, groups, (labels, sq_dist, sums, counts), (labels0, sq_dist0, sums0, counts0), shift)
 
 
+@pytest.mark.parametrize("mins", ["1", "0"])
+def test_candidate_rows_loaded_once_keep_the_result(monkeypatch, mins):
+    """The candidate launch over rows of at most its ``BLOCK_D`` features loads and converts each
+    tile of rows once (``X_ONCE``) instead of once per centroid tile and feature step: labels,
+    distances, sums and counts equal those of the tiles that step through the features, and of
+    ``TORCHKM_CANDIDATE_X_ONCE=0``, and float64's beyond ties. With the chunk minima ("1") the
+    launch reads the plan's lists, without them the deferred rows as they are."""
+    import torchkm._kernels.assign as assign_module
+    from torchkm._kernels.assign import AssignPass
+
+    monkeypatch.setenv("TORCHKM_NEIGHBOURS", "0")  # (the near rows would be listed for no chunk)
+    monkeypatch.setenv("TORCHKM_CHUNK_MINS", mins)
+    monkeypatch.setenv("TORCHKM_CANDIDATE_COPY", "0")  # (copied rows are read from the copy)
+    n, d, k = 300, 40, 1000
+    x, c, groups = _stored_copies(n, d, k, seed=61)
+    once = []
+    real = assign_module.launcher
+
+    def recording(kernel):
+        launch = real(kernel)
+        if getattr(kernel, "fn", kernel).__name__ != "_candidate_kernel":
+            return launch
+
+        class Recorded:
+            def __getitem__(self, grid):
+                def call(*args, **kwargs):
+                    once.append(kwargs["X_ONCE"])
+                    return launch[grid](*args, **kwargs)
+                return call
+        return Recorded()
+
+    monkeypatch.setattr(assign_module, "launcher", recording)
+    config = {"BLOCK_N": 32, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2, "EAGER": True}
+    results = {}
+    for name, tiles, setting in (("once", "32,64,64,4,1", "1"), ("steps", "32,64,16,4,1", "1"),
+                                 ("off", "32,64,64,4,1", "0")):
+        monkeypatch.setenv("TORCHKM_CANDIDATE_CONFIG", tiles)
+        monkeypatch.setenv("TORCHKM_CANDIDATE_X_ONCE", setting)
+        p = AssignPass(x, k, "exact", update=True, config=config)
+        assert p.cand_cap and (p.chunk_mins is not None) == (mins == "1")
+        labels = torch.full((n,), -1, dtype=torch.int64, device=DEVICE)
+        sq_dist = torch.full((n,), float("nan"), device=DEVICE)
+        once.clear()
+        p(x, c, offset=None, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
+          labels=labels, sq_dist=sq_dist)
+        assert once == [name == "once"]
+        results[name] = (labels, sq_dist, p.acc_sums.sum(0), p.acc_counts.sum(0))
+        assert int(p.flag_count[0]) >= 40
+    for name in ("steps", "off"):
+        _assert_same_pass(x, c, groups, results["once"], results[name])
+
+
 def test_neighbour_lists_up_to_their_cluster_limit(monkeypatch):
     """The exact mode lists near centroids (15, the candidate buffer less the winner) up to
     ``NEIGHBOUR_MAX_CLUSTERS`` centroids; ``TORCHKM_NEIGHBOURS`` 0 / 1: never / at any k."""
