@@ -110,6 +110,34 @@ def test_cuda_graph_iterations_relocate_empty_clusters(monkeypatch):
     assert graphed.inertia == pytest.approx(plain.inertia, rel=1e-3)
 
 
+def test_cuda_graphs_dropped_during_a_callers_capture_wait_for_it(x_cpu):
+    """A fit's engines hold their CUDA graphs in reference cycles, so the garbage collector may free
+    them inside the caller's own capture (here: a fit's rows, with the workspace kept for them, and
+    a graph of ours in a cycle, dropped and collected mid-capture). Destroying a graph there would
+    end that capture; they wait instead, and go at the next release."""
+    import gc
+
+    from torchkm._kernels import _common
+
+    x = x_cpu.cuda()
+    value = torch.zeros(1, device="cuda")
+    ours = {"graph": _common.capture(lambda: value.add_(1.0), value.device)}
+    ours["itself"] = ours
+    torchkm.fit(x, 40, random_state=0, max_iter=5)
+    out = torch.zeros(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.add_(1.0)
+        del ours, x
+        gc.collect()
+        assert _common._graphs_to_release
+        out.add_(1.0)
+    graph.replay()
+    assert float(out) == 2.0
+    _common.release_graphs()
+    assert not _common._graphs_to_release
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_peak_memory_is_x_plus_linear_terms(dtype):
     n, d, k = 4_000_000, 64, 256

@@ -60,13 +60,52 @@ def warm_graphs(device: torch.device) -> None:
         logging.getLogger("torchkm").debug("warm-up graph capture failed (%s)", err)
 
 
+# Our graphs whose last reference went while the current stream was capturing, kept until a
+# stream is not (``_Graph``).
+_graphs_to_release: list[torch.cuda.CUDAGraph] = []
+
+
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001 - (interpreter shutdown, or no CUDA build)
+        return False
+
+
+class _Graph(torch.cuda.CUDAGraph):
+    """A CUDA graph that is not destroyed while the current stream is capturing another.
+
+    Our engines hold their graphs in reference cycles, so the garbage collector may free them at
+    any allocation, including inside a caller's own capture (``torch.cuda.graph``, torch.compile's
+    CUDA graphs) after the rows of an earlier fit were dropped. Destroying a graph there is refused
+    and ends that capture with "operation failed due to a previous error during capture" (H200,
+    2026-12-04: one in three probe processes that fitted other rows before timing passes in graphs).
+    Such a graph is kept alive instead, until the next ``release_graphs``: the next capture of ours
+    (or any caller, outside a capture). A capture on another thread is not seen."""
+
+    def __del__(self) -> None:
+        if _capturing():
+            _graphs_to_release.append(self)  # (resurrected: destroyed when the list lets it go)
+            return
+        base = getattr(super(), "__del__", None)  # (torch 2.13 has one, 2.11 not)
+        if base is not None:
+            base()
+
+
+def release_graphs() -> None:
+    """Destroy the graphs whose owners went during a capture (``_Graph``), unless one is under way."""
+    if _graphs_to_release and not _capturing():
+        _graphs_to_release.clear()
+
+
 def capture(run: Callable[[], None], device: torch.device) -> torch.cuda.CUDAGraph:
     """``run``'s launches captured as a CUDA graph (nothing runs). Unlike ``torch.cuda.graph``, no
     device synchronisation and no emptying of the allocator's cache first: the cache stays warm for
     the allocations that follow. On an H200 at 245,760 x 32 x 32, a process's first capture of one
     iteration took the host 3.9-4.9 ms through ``torch.cuda.graph`` and 3.3 ms here; later captures
-    take 0.6-0.8 ms."""
-    graph = torch.cuda.CUDAGraph()
+    take 0.6-0.8 ms. The graph is a ``_Graph``: freed during a capture, it waits for the next."""
+    release_graphs()
+    graph = _Graph()
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     # No garbage collection while capturing: a collected object holding a CUDA graph (an engine of
