@@ -79,9 +79,9 @@ class _Graph(torch.cuda.CUDAGraph):
     any allocation, including inside a caller's own capture (``torch.cuda.graph``, torch.compile's
     CUDA graphs) after the rows of an earlier fit were dropped. Destroying a graph there is refused
     and ends that capture with "operation failed due to a previous error during capture" (H200,
-    2026-12-04: one in three probe processes that fitted other rows before timing passes in graphs).
-    Such a graph is kept alive instead, until the next ``release_graphs``: the next capture of ours
-    (or any caller, outside a capture). A capture on another thread is not seen."""
+    2026-12-04: once in each of three probe processes that timed passes in graphs after dropping rows
+    they had fitted). Such a graph is kept alive instead, until the next ``release_graphs`` outside a
+    capture (our next ``capture`` calls it). A capture on another thread is not seen."""
 
     def __del__(self) -> None:
         if _capturing():
