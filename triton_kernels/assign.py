@@ -2631,7 +2631,7 @@ class AssignPass:
                 else:
                     chunk, chunks = candidate_chunks(self.k)
                     grid = (max(1, self.recheck_grid // chunks), chunks)
-                cand_cfg = candidate_config(torch.float16 if half else x.dtype, few_rows=not lists, d=d)
+                cand_cfg = candidate_config(torch.float16 if half else x.dtype, d, few_rows=not lists)
                 for copied in (True, False) if copy_rows else (False,):
                     launcher(_candidate_kernel)[grid](
                         x, prepared.c_mma, prepared.c_lo if self.split else spare("c_lo", prepared.c_mma.dtype),

@@ -213,7 +213,7 @@ def float64_replicas(k: int, d: int) -> int:
     return min(64, max(1, (1 << 18) // max(1, k * d)))
 
 
-def candidate_config(dtype: torch.dtype, few_rows: bool = False, d: int = 0) -> dict:
+def candidate_config(dtype: torch.dtype, d: int, few_rows: bool = False) -> dict:
     """Tiles of the candidate re-search's fast product (``assign._candidate_kernel``): rows x
     centroids x features per step, warps, stages. ``TORCHKM_CANDIDATE_CONFIG``
     (``BLOCK_N,BLOCK_K,BLOCK_D,num_warps,num_stages``) overrides it for experiments.
