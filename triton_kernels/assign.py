@@ -34,9 +34,10 @@ Precision (``precision=``):
                power of two into
                fp16's range (from the largest |x| and 2|c|, one small launch per pass), the rows
                copied a chunk at a time (at most ``HALF_ROWS_BYTES``; the Hopper search converts
-               its resident row tile itself); the exact mode's bound keeps
-               tf32's operand error, with a floor on the row norm for fp16's subnormals
-               (``centroids.half_row_floor``). ``TORCHKM_HALF_OPERANDS=0``: tf32.
+               its resident row tile itself); the exact mode's bound takes fp16's rounding to
+               nearest (2^-11 of the row, half tf32's truncation), with a floor on the row norm
+               for fp16's subnormals (``centroids.half_row_floor``). ``TORCHKM_HALF_OPERANDS=0``:
+               tf32.
   ``"exact"``  the fast pass also keeps the best two candidates and the third-best score. Each
                row's best two are compared by direct fp32 distances. A row is re-searched with
                3xTF32 products against all centroids (persistent launches over just those rows,
@@ -1687,6 +1688,12 @@ _OPERAND_ERROR = {
     torch.float16: (0.0, 2.0**-11),
     torch.bfloat16: (0.0, 2.0**-8),
 }
+# fp32 rows as fp16 operands (``AssignPass.half``): rounded to nearest by our own conversion of the
+# rows scaled by a power of two, so 2^-11 of each element in fp16's normal range, half of tf32's
+# truncation error. An element in the subnormal range is off by up to 2^-25 / s instead; 17/16 of
+# 2^-11 on a row norm floored at 2^-10 sqrt(d) / s (``centroids.half_row_floor``) covers both:
+# 2^-11 ||x|| + 2^-25 sqrt(d) / s <= (17/16) 2^-11 max(||x||, 2^-10 sqrt(d) / s).
+_HALF_ROW_ERROR = 17.0 / 16.0 * 2.0**-11
 
 
 def gap_bound_coefficient(dtype: torch.dtype, d: int, split: bool = False) -> float:
@@ -1705,9 +1712,11 @@ def gap_bound_coefficient(dtype: torch.dtype, d: int, split: bool = False) -> fl
     return 1.25 * 4.0 * (u_x + u_c + u_x * u_c + d * 2.0**-22)
 
 
-def score_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False) -> tuple[float, float]:
+def score_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False,
+                             half: bool = False) -> tuple[float, float]:
     """``(A, B)``: the exact mode's bound on one score's error besides the centroids' rounding,
-    ``A ||x|| max||c|| + B max|bias|``, for unscaled rows.
+    ``A ||x|| max||c|| + B max|bias|``, for unscaled rows. ``half``: fp32 rows multiplied as fp16
+    operands (``_HALF_ROW_ERROR``, with the row norm floored by ``centroids.half_row_floor``).
 
     A score of the fast pass is ``bias - 2 x.c~`` for the centroid ``c~`` it multiplies (rounded:
     ``c = c~ + r``) and ``bias = ||c~||^2 + 2 m.c~``. Against the exact ``||c||^2 - 2 (x - m).c`` it
@@ -1719,6 +1728,10 @@ def score_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False) ->
     fp32, and the same 1.25 safety factor.
     """
     u_x, u_c = _OPERAND_ERROR[dtype]
+    if half:
+        if dtype != torch.float32 or split:
+            raise ValueError(f"fp16 operands are for fp32 rows without split centroids, got {dtype}, split={split}")
+        u_x = _HALF_ROW_ERROR
     if split:
         u_c = u_c * u_c
     gamma = (2 * d if split else d) * 2.0**-22
@@ -2147,9 +2160,9 @@ class AssignPass:
             # fp32 rows through the streamed eager search multiply fp16 operands: the same 11
             # significant bits as tf32, at twice its tensor-core rate. Rows and centroids are scaled
             # by one power of two into fp16's range (``centroids.amax_parts``, ``_half_scale``: one
-            # small launch per pass reads x for its largest |x|); the exact mode's bound keeps tf32's
-            # operand error, which covers fp16's rounding and, with a floor on the row norm, its
-            # subnormals. ``TORCHKM_HALF_OPERANDS=0``: tf32 products (experiments).
+            # small launch per pass reads x for its largest |x|); the exact mode's bound takes fp16's
+            # rounding to nearest and, with a floor on the row norm, its subnormals
+            # (``_HALF_ROW_ERROR``). ``TORCHKM_HALF_OPERANDS=0``: tf32 products (experiments).
             # The Hopper search takes them too, converting each row tile as it loads it (once per
             # program, then resident); the fp16 centroids need 16-byte rows for TMA (d a multiple
             # of 8). Unpacked, fp16 operands paid off only in the exact mode and for rows over 512
@@ -2362,7 +2375,8 @@ class AssignPass:
             return 0
         return (tiles - 1).bit_length()
 
-    def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool, packed: bool = False) -> dict[str, Any]:
+    def _bound_arguments(self, dtype: torch.dtype, d: int, scaled: bool, packed: bool = False,
+                         half: bool = False) -> dict[str, Any]:
         # Unscaled rows: each score's error besides the centroids' rounding, which the kernel bounds
         # by the distance (``score_bound_coefficients``); scaled (cosine) rows, or
         # TORCHKM_EXACT_BOUND=gap (experiments): the whole gap in raw-row units (``gap_bound_coefficient``).
@@ -2379,7 +2393,10 @@ class AssignPass:
                     "DISTANCE_BOUND": False}
         # The packed Hopper search sums 6 more terms into each score (its bias and the row's term,
         # three parts each; 8 with fp16 operands, four parts each): its products count as d + 8.
-        bound, bias = score_bound_coefficients(dtype, d + 8 if packed else d, split=self.split)
+        # fp16 operands: their rounding to nearest (``_HALF_ROW_ERROR``); ``TORCHKM_HALF_ROW_BOUND=0``
+        # takes tf32's error for them, as before 2026-12-04 (experiments: A/B of the deferred rows).
+        half = half and os.environ.get("TORCHKM_HALF_ROW_BOUND", "1") != "0"
+        bound, bias = score_bound_coefficients(dtype, d + 8 if packed else d, split=self.split, half=half)
         third = os.environ.get("TORCHKM_EXACT_THIRD", "1") != "0"
         return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": 2 if third else 1}
 
@@ -2505,7 +2522,7 @@ class AssignPass:
         lazy_bits = self._lazy_bits(d, searched, half, row_scale is not None)
         bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
                                            packed=(searched and hopper_search.packed(x, self.k, half=half))
-                                           or lazy_bits > 0)
+                                           or lazy_bits > 0, half=half)
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).

@@ -73,7 +73,7 @@ def _row_block_d(d: int) -> int:
 @triton.jit
 def _half_scale(parts_ptr, n_parts, d):
     """(s, row floor) from the partial maxima: s the power of two with s M in [2^8, 2^9) for M the
-    largest |x| and 2 |c| (1 for M = 0), clamped to [2^-60, 2^60]; the floor 2^-13 sqrt(d) / s (see
+    largest |x| and 2 |c| (1 for M = 0), clamped to [2^-60, 2^60]; the floor 2^-10 sqrt(d) / s (see
     ``half_row_floor``)."""
     offs = tl.arange(0, 1024)
     top = tl.zeros((1024,), tl.float32)
@@ -84,7 +84,7 @@ def _half_scale(parts_ptr, n_parts, d):
     exponent = tl.where(m > 0, exponent, 0)
     power = tl.minimum(tl.maximum(_HALF_TOP_EXPONENT - exponent, -_HALF_SCALE_LIMIT), _HALF_SCALE_LIMIT)
     scale = ((power + 127) << 23).to(tl.float32, bitcast=True)
-    return scale, 2.0**-13 * tl.sqrt(d * 1.0) / scale
+    return scale, 2.0**-10 * tl.sqrt(d * 1.0) / scale
 
 
 @triton.jit
@@ -190,11 +190,11 @@ def row_norms_reference(x: torch.Tensor) -> torch.Tensor:
 
 def half_row_floor(d: int, scale: float) -> float:
     """The exact mode's floor on a row's norm with fp16 operands scaled by ``scale``: an element
-    below fp16's normal range (2^-14 / s) is rounded by up to 2^-25 / s, which adds at most
-    2^-24 sqrt(d) ||c|| / s to a score; with the row norm floored at 2^-13 sqrt(d) / s, the
-    operand term of the bound (``assign.score_bound_coefficients``, which allows tf32's 2^-10 for
-    fp16's 2^-11) covers it."""
-    return 2.0**-13 * d**0.5 / scale
+    below fp16's normal range (2^-14 / s) is rounded by up to 2^-25 / s, so a row by at most
+    2^-11 ||x|| + 2^-25 sqrt(d) / s; with the row norm floored at 2^-10 sqrt(d) / s, the
+    operand term of the bound (``assign.score_bound_coefficients(half=True)``: (17/16) 2^-11 of
+    that norm) covers it. (2^-13 until 2026-12-04, when the bound allowed tf32's 2^-10.)"""
+    return 2.0**-10 * d**0.5 / scale
 
 
 # Centroids per program of ``prepare_centroids``' launch, which ends ``Prepared.c_norm`` with each

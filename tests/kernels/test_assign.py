@@ -255,6 +255,53 @@ def _flagged_by_the_distance_bound(x, c, candidate, slack):
     return low <= best
 
 
+@pytest.mark.parametrize("d", [8, 24, 128, 256])
+def test_fp16_operand_rounding_within_the_half_bound(d):
+    """fp32 rows as fp16 operands (scaled by the pass's power of two, rounded to nearest) are off
+    by at most ``_HALF_ROW_ERROR`` of their norm floored by ``half_row_floor``: rows of ordinary
+    elements (2^-11 of the norm, which the bound nearly reaches), rows with elements in fp16's
+    subnormal range (an absolute 2^-25 / s each), and rows of such elements only. The score
+    coefficient that takes it is about half tf32's."""
+    from torchkm._kernels.assign import _HALF_ROW_ERROR
+    from torchkm._kernels.centroids import half_row_floor, half_scale_reference
+
+    g = torch.Generator().manual_seed(d)
+    n = 4096
+    x = torch.randn(n, d, generator=g)
+    # Elements spread over 40 binades, down through fp16's subnormals once scaled (s |x| < 2^-14
+    # while the largest |x| sits at 2^8 .. 2^9 scaled).
+    x = x * torch.exp2(-40.0 * torch.rand(n, d, generator=g))
+    x[: n // 4] *= 2.0**-30  # whole rows in the subnormal range, beside the largest rows
+    c = torch.randn(7, d, generator=g)
+    s = half_scale_reference(x, c)
+    assert float((x[: n // 4].abs().max() * s)) < 2.0**-14
+    rounded = (x * s).to(torch.float16).double() / s
+    err = (rounded - x.double()).norm(dim=1)
+    norm = x.double().norm(dim=1).clamp_min(half_row_floor(d, s))
+    ratio = err / (_HALF_ROW_ERROR * norm)
+    assert float(ratio.max()) <= 1.0
+    assert float(ratio[n // 4:].max()) > 0.3  # ordinary rows: the bound is not loose by much
+    # The worst rows: one normal element just under a rounding tie, at the floor's size and around
+    # it, and every other element just under half of fp16's smallest subnormal (each rounds to 0,
+    # off by nearly 2^-25 / s while adding nothing to the norm). Plain 2^-11 would not cover them.
+    worst = torch.zeros(256, d, dtype=torch.float64)
+    worst[:, 1:] = 0.4999 * 2.0**-24
+    worst[:, 0] = (1.0 + 0.9999 * 2.0**-11) * torch.exp2(torch.linspace(-16, -4, 256).floor())
+    worst = (worst / s).float()
+    worst_err = ((worst * s).to(torch.float16).double() / s - worst.double()).norm(dim=1)
+    worst_norm = worst.double().norm(dim=1).clamp_min(half_row_floor(d, s))
+    assert 0.9 < float((worst_err / (_HALF_ROW_ERROR * worst_norm)).max()) <= 1.0
+    assert float((worst_err / (2.0**-11 * worst_norm)).max()) > 1.0
+    # Each score's operand term: |2 (x~ - x).c| <= (A - accumulation part) ||x|| max||c||.
+    half_a, _ = score_bound_coefficients(torch.float32, d, half=True)
+    tf32_a, _ = score_bound_coefficients(torch.float32, d)
+    assert 0.5 < half_a / tf32_a < 0.6
+    score_err = 2.0 * ((rounded - x.double()) @ c.double().T).abs().max(1).values
+    assert bool((score_err <= half_a * norm * c.double().norm(dim=1).max()).all())
+    with pytest.raises(ValueError, match="fp16 operands"):
+        score_bound_coefficients(torch.bfloat16, d, half=True)
+
+
 @pytest.mark.parametrize("search", ["eager", "lazy", "swap"])
 def test_exact_mode_rechecks_the_rows_inside_the_bound(search):
     """Each row's best two candidates are compared by direct fp32 distances; a row is re-searched
