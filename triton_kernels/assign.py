@@ -131,7 +131,8 @@ from .configs import (
     tf32x3_rows_config,
 )
 
-__all__ = ["PRECISIONS", "AssignOutput", "PassSums", "assign", "assign_keeping_sums", "assign_reference", "gap_bound_coefficient", "score_bound_coefficients"]
+__all__ = ["PRECISIONS", "AssignOutput", "PassSums", "assign", "assign_keeping_sums", "assign_reference", "gap_bound_coefficient", "pair_bound_coefficients",
+           "score_bound_coefficients"]
 
 PRECISIONS = ("exact", "fast", "tf32x3", "ieee")
 
@@ -143,13 +144,13 @@ def _tile(
     t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr, c_norm_ptr,
     row_index_ptr, row_count, tile_offset, searched_stride,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr, PAIR_BITS: tl.constexpr,
     x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr, c_res, c_lo_res, bias_res, offset_res,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
@@ -580,6 +581,7 @@ def _tile(
             sq_dist2 += tl.sum(diff2 * diff2, axis=1)
             if STORE_LOWER or DISTANCE_BOUND:
                 x_sq += tl.sum(xr * xr, axis=1)
+        best_sq = sq_dist  # the record's best's direct distance (``_pair_floor``)
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
         loser_sq = tl.where(take2, sq_dist, sq_dist2)
         label = tl.where(take2, label2, label)
@@ -590,6 +592,14 @@ def _tile(
             margin = (d + 16) * 1.1920929e-07
             others_low = _distance_floor(third, x_sq, bound, residual_max, margin)
             flag = row_mask & (third < 3.0e38) & (others_low <= sq_dist * (1.0 + margin))
+            if PAIR_BITS > 0:
+                # Only where a row is left to settle: the floor's roots cost the epilogue 9 % over
+                # rows that settle without it (H200, 1M x 128 x 4096 N(0, 1) fp32, 325 -> 354 us).
+                if tl.max(flag.to(tl.int32), axis=0) > 0:
+                    others_low = tl.maximum(others_low, _pair_floor(
+                        third, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, residual_max, pair_coef,
+                        pair_acc_coef, bias_coef, margin, PAIR_BITS))
+                    flag = row_mask & (third < 3.0e38) & (others_low <= sq_dist * (1.0 + margin))
             if THIRD:
                 # Those rows compare their third candidate directly (few rows: the loads are masked,
                 # and tiles without one skip the sweep); then only a fourth could still win.
@@ -612,6 +622,10 @@ def _tile(
                     label = tl.where(take3, label3, label)
                     sq_dist = tl.where(take3, sq_dist3, sq_dist)
                     fourth_low = _distance_floor(fourth, x_sq, bound, residual_max, margin)
+                    if PAIR_BITS > 0:
+                        fourth_low = tl.maximum(fourth_low, _pair_floor(
+                            fourth, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, residual_max, pair_coef,
+                            pair_acc_coef, bias_coef, margin, PAIR_BITS))
                     others_low = tl.where(resolve3, fourth_low, others_low)
                     flag = tl.where(resolve3, (fourth < 3.0e38) & (fourth_low <= sq_dist * (1.0 + margin)), flag)
         done = row_mask & (flag == 0)
@@ -743,6 +757,44 @@ def _distance_floor(score, x_sq, bound, residual_max, margin):
     t = score_c + x_sq - bound - margin * (x_sq + tl.abs(score_c)) - residual_max * residual_max
     root = tl.sqrt(tl.maximum(t, 0.0) + residual_max * residual_max) - residual_max
     return root * root * (1.0 - margin)
+
+
+@triton.jit
+def _pair_floor(score, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, residual_max, pair_coef, pair_acc_coef,
+                bias_coef, margin, TILE_BITS: tl.constexpr):
+    """A lower bound on the squared distance D_j of every centroid j whose recorded score is at least
+    ``score``, from the difference of two computed scores, j's and the record's best b's (whose
+    direct distance is ``best_sq``): the Hopper search's packed record (``hopper_search.packed``,
+    ``TILE_BITS`` its tile bits).
+
+    ``_distance_floor`` charges a score the rows' operand rounding dx at its worst over all
+    centroids, 2 |dx| max||c||. Two scores of the same row carry the same dx, so their difference
+    carries only 2 dx.(c~_j - c~_b), at most 2 e (sqrt(D~_j) + sqrt(D~_b)) for e >= |dx| and D~ the
+    distances to the rounded centroids c~: small for the close centroids that decide a label
+    (BENCHMARKS.md 2026-12-04, the CPU model: 41-62 % of over-split fp32 rows deferred per score,
+    14-27 % pairwise). With the record's scores r (lowered: r_j <= s_j, the computed score) and the
+    fp32 sums' error a on each score, s_j - s_b >= G = score - best - L_b - 2 a, where L_b bounds
+    how far the record lowered b's (twice ``_key_floor``'s slack, which covers the cleared bits and
+    the row term's sum). Then D~_j + 2 e sqrt(D~_j) >= D~_b - 2 e sqrt(D~_b) + G; with
+    sqrt(D~_b) >= y = sqrt(best_sq) - R (R the centroids' largest rounding) and u^2 - 2 e u
+    increasing from e, (sqrt(D~_j) + e)^2 >= max(y - e, 0)^2 + G, and sqrt(D_j) >= sqrt(D~_j) - R.
+    Each step rounds toward the bound (``margin`` on magnitudes)."""
+    eps = pair_coef * row_norm
+    acc = pair_acc_coef * row_norm * c_norm_max + bias_coef * bias_max
+    # The row term as the search added it, at most: the centred norm of the operand row, ROW_MARGIN
+    # (2^-5) more, and room for its fp32 sum.
+    root_x = tl.sqrt(x_sq) * (1.0 + margin) + eps
+    term = root_x * root_x * (1.0 + 2.0**-5 + 2.0**-10)
+    # (Magnitudes clamped at 1e37, so that inf scores, of no centroid, add up to no inf.)
+    best_c = tl.minimum(tl.abs(best), 1.0e37)
+    lowering = 2.0 * ((best_c + 1.01 * term) * 1.01 * (2.0 ** (TILE_BITS - 22) + 2.0**-21) + term * 2.0**-17)
+    score_c = tl.minimum(score, 1.0e37)
+    gap = score_c - tl.minimum(best, 1.0e37) - lowering - 2.0 * acc
+    gap = gap - margin * (tl.abs(score_c) + best_c + lowering + 2.0 * acc)
+    y = tl.maximum(tl.sqrt(best_sq * (1.0 - margin)) * (1.0 - margin) - (residual_max + eps) * (1.0 + margin), 0.0)
+    root = tl.sqrt(tl.maximum(y * y * (1.0 - margin) + gap, 0.0) * (1.0 - margin))
+    z = tl.maximum(root * (1.0 - margin) - (eps + residual_max) * (1.0 + margin), 0.0) * (1.0 - margin)
+    return z * z * (1.0 - margin)
 
 
 # Inline PTX where it compiles (not under the interpreter), see ``_tile_key``.
@@ -1284,13 +1336,13 @@ def _assign_kernel(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride, control_ptr,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr, PAIR_BITS: tl.constexpr,
     HAS_CONTROL: tl.constexpr, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     go = True
@@ -1301,10 +1353,10 @@ def _assign_kernel(
                          c_norm_ptr, row_index_ptr, row_count_ptr,
                          labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
                          part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
-                         n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
+                         n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PREFETCH, ONE_TILE)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, PREFETCH, ONE_TILE)
 
 
 @triton.jit
@@ -1313,13 +1365,13 @@ def _assign_programs(
     row_index_ptr, row_count_ptr,
     labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, acc_ptr, counts_offset,
     part_inertia_ptr, part_changed_ptr, part_base, tile_offset, searched_stride,
-    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
+    n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_ROW_INDEX: tl.constexpr, CHECK: tl.constexpr, STORE_SQ_DIST: tl.constexpr, STORE_LOWER: tl.constexpr,
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
-    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr,
+    DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr, PAIR_BITS: tl.constexpr,
     PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -1404,10 +1456,10 @@ def _assign_programs(
                 t, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
                 c_norm_ptr, row_index_ptr, row_count, tile_offset, searched_stride,
                 labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
+                n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE,
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE,
                 c_res, c_lo_res, bias_res, offset_res)
             inertia_rows += i
             changed_rows += c
@@ -1420,10 +1472,10 @@ def _assign_programs(
             pid, x_ptr, c_mma_ptr, c_lo_ptr, bias_ptr, c32_ptr, offset_ptr, scale_ptr, norm_ptr, weight_ptr,
             c_norm_ptr, row_index_ptr, 0, tile_offset, searched_stride,
             labels_ptr, sq_dist_ptr, lower_ptr, prev_ptr, flag_count_ptr, flag_rows_ptr, key_ptr, searched_ptr, sums_ptr, counts_ptr,
-            n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
+            n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, 0.0, 0, 0.0, 0, ONE_TILE, 0.0, 0.0, 0.0, 0.0)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, 0.0, 0, 0.0, 0, ONE_TILE, 0.0, 0.0, 0.0, 0.0)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -1736,6 +1788,23 @@ def score_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False,
         u_c = u_c * u_c
     gamma = (2 * d if split else d) * 2.0**-22
     return 1.25 * 2.0 * (u_x + gamma) * (1.0 + u_c), 1.25 * (gamma + 2.0**-24)
+
+
+def pair_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False,
+                            half: bool = False) -> tuple[float, float]:
+    """``(E, A)`` of ``_pair_floor``: ``E ||x||`` bounds the norm of a row's operand rounding (the
+    same in every score of the row), ``A ||x|| max||c|| + B max|bias|`` (``B`` as in
+    ``score_bound_coefficients``) one score's fp32 sums. ``score_bound_coefficients``' ``A`` is
+    ``2 E (1 + u_c)`` plus this one; the same 1.25 safety factor."""
+    u_x, u_c = _OPERAND_ERROR[dtype]
+    if half:
+        if dtype != torch.float32 or split:
+            raise ValueError(f"fp16 operands are for fp32 rows without split centroids, got {dtype}, split={split}")
+        u_x = _HALF_ROW_ERROR
+    if split:
+        u_c = u_c * u_c
+    gamma = (2 * d if split else d) * 2.0**-22
+    return 1.25 * u_x, 1.25 * 2.0 * gamma * (1.0 + u_c)
 
 
 def assign(
@@ -2385,20 +2454,24 @@ class AssignPass:
         # saves (H200, 245,760 x 32, k = 1024: 0.230 -> 0.248 ms per pass, 2026-11-22, before the
         # lazy search's packed keys; TORCHKM_EXACT_BOUND=distance takes the distance bound there,
         # to measure it again).
+        no_pair = {"pair_coef": 0.0, "pair_acc_coef": 0.0, "PAIR_BITS": 0}
         if not self.check:
-            return {"bound_coef": 0.0, "bias_coef": 0.0, "DISTANCE_BOUND": False}
+            return {"bound_coef": 0.0, "bias_coef": 0.0, "DISTANCE_BOUND": False, **no_pair}
         setting = os.environ.get("TORCHKM_EXACT_BOUND", "auto")
         if scaled or setting == "gap" or (setting != "distance" and dtype == torch.float32 and d <= 32):
             return {"bound_coef": gap_bound_coefficient(dtype, d, split=self.split), "bias_coef": 0.0,
-                    "DISTANCE_BOUND": False}
+                    "DISTANCE_BOUND": False, **no_pair}
         # The packed Hopper search sums 6 more terms into each score (its bias and the row's term,
         # three parts each; 8 with fp16 operands, four parts each): its products count as d + 8.
         # fp16 operands: their rounding to nearest (``_HALF_ROW_ERROR``); ``TORCHKM_HALF_ROW_BOUND=0``
         # takes tf32's error for them, as before 2026-12-04 (experiments: A/B of the deferred rows).
         half = half and os.environ.get("TORCHKM_HALF_ROW_BOUND", "1") != "0"
         bound, bias = score_bound_coefficients(dtype, d + 8 if packed else d, split=self.split, half=half)
+        pair, pair_acc = pair_bound_coefficients(dtype, d + 8 if packed else d, split=self.split, half=half)
         third = os.environ.get("TORCHKM_EXACT_THIRD", "1") != "0"
-        return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": 2 if third else 1}
+        # ``PAIR_BITS``: the caller's, where the epilogue reads the Hopper search's packed record.
+        return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": 2 if third else 1,
+                **no_pair, "pair_coef": pair, "pair_acc_coef": pair_acc}
 
     def __call__(
         self, x: torch.Tensor, c32: torch.Tensor, *, offset: torch.Tensor | None, row_scale: torch.Tensor | None,
@@ -2520,9 +2593,14 @@ class AssignPass:
         split_research = bool(self.recheck_grid) and self.research_chunks > 1
         keys = self.research_keys if split_research else spare("keys", torch.int64)
         lazy_bits = self._lazy_bits(d, searched, half, row_scale is not None)
-        bound_args = self._bound_arguments(x.dtype, d, row_scale is not None,
-                                           packed=(searched and hopper_search.packed(x, self.k, half=half))
-                                           or lazy_bits > 0, half=half)
+        searched_packed = searched and hopper_search.packed(x, self.k, half=half)
+        bound_args = self._bound_arguments(x.dtype, d, row_scale is not None, packed=searched_packed or lazy_bits > 0,
+                                           half=half)
+        if (searched_packed and bound_args["DISTANCE_BOUND"] and not self.split
+                and os.environ.get("TORCHKM_PAIR_BOUND", "1") != "0"):
+            # The epilogue bounds the others' distances from score differences too (``_pair_floor``);
+            # ``TORCHKM_PAIR_BOUND=0``: from each score alone (experiments: A/B of the deferred rows).
+            bound_args["PAIR_BITS"] = hopper_search.tile_bits(self.k, 2 if half else x.element_size(), d)
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).
@@ -2696,7 +2774,8 @@ class AssignPass:
                 searched_ptr=spare("searched"), SEARCHED=False, tile_offset=0, searched_stride=0,
                 chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False, PACK_KEYS=False, LAZY_BITS=0,
                 half_ptr=spare("half"), xh_ptr=spare("xh", torch.float16), HALF=False, SPLIT=False,
-                part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, DISTANCE_BOUND=False,
+                part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, pair_coef=0.0, pair_acc_coef=0.0, PAIR_BITS=0,
+                DISTANCE_BOUND=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, ONE_TILE=False, **cfg,
                 **{**common, **few_rows_update},

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torchkm._kernels import hopper_search
 from torchkm._kernels.assign import HALF_FAST_MIN_K, AssignPass, assign
+from torchkm._kernels.update import update_reference
 
 from tests.kernels.conftest import DEVICE, ON_GPU
 from tests.kernels.test_assign import (
@@ -613,6 +614,70 @@ def test_kernel_pass_with_an_offset(dtype):
     sample = torch.arange(0, n, 31, device="cuda")
     _check_labels(rows[sample], c, out.labels[sample], precision, input_dtype=dtype)
     assert int(out.rechecked) < 0.02 * n
+
+
+def _over_split_rows(n: int, d: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows as ``bench_lloyd --data mixed`` (clusters in the unit cube, each its own spread), about
+    four centroids a cluster (rows drawn as centroids, plus a little noise), centred on the rows'
+    mean: (rows, centred centroids, mean)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(k // 4, d, generator=g)
+    spread = 0.02 * 10 ** torch.rand(k // 4, 1, generator=g)
+    which = torch.randint(0, k // 4, (n,), generator=g)
+    x = centres[which] + spread[which] * torch.randn(n, d, generator=g)
+    mean = x.mean(0)
+    c = x[torch.randperm(n, generator=g)[:k]] - mean + 1e-3 * torch.randn(k, d, generator=g)
+    return x.to(DEVICE), c.to(DEVICE), mean.to(DEVICE)
+
+
+def _pair_floor_pass(monkeypatch, x, c, mean, dtype, sample=1):
+    """The exact pass with the pairwise floor off and on: (re-searched rows, labels) of each; labels
+    checked on every ``sample``-th row."""
+    results = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("TORCHKM_PAIR_BOUND", setting)
+        sums = torch.zeros_like(c)
+        counts = torch.zeros(c.shape[0], device=DEVICE)
+        out = assign(x.to(dtype), c, precision="exact", offset=mean, raw_norms=x.to(dtype).float().norm(dim=1),
+                     sums=sums, counts=counts)
+        rows = x.to(dtype).float() - mean
+        _check_labels(rows[::sample], c, out.labels[::sample], "exact")
+        ref_sums, ref_counts = update_reference(x.to(dtype).float(), out.labels, c.shape[0], offset=mean)
+        torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(counts, ref_counts)
+        results[setting] = int(out.rechecked), out.labels
+    return results
+
+
+def test_pair_floor_settles_over_split_rows(searched, monkeypatch):
+    """Over-split rows (many centroids nearly as near as the nearest, rows off the origin): the
+    exact pass over the search record bounds the others' distances from score differences too
+    (``assign._pair_floor``), re-searching fewer rows with the same labels (float64's but for
+    ties), sums and counts; ``TORCHKM_PAIR_BOUND=0`` turns it off."""
+    x, c, mean = _over_split_rows(800, 128, 400, seed=7)
+    results = _pair_floor_pass(monkeypatch, x, c, mean, torch.float32)
+    (off, labels_off), (on, labels_on) = results["0"], results["1"]
+    assert searched and all(half for _, half in searched)  # fp32 rows as fp16 operands, searched
+    assert torch.equal(labels_off, labels_on)
+    assert on < 0.8 * off, (off, on)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_pass_pair_floor_settles_over_split_rows(monkeypatch, dtype):
+    """The same over the Gluon kernel's packed record (its cleared bits and lowered scores), fresh
+    random rows each run: labels float64's but for ties with the floor on and off; fewer rows
+    re-searched with it over fp32 rows (the rows' operand rounding is what it bounds pairwise), no
+    more over bf16 rows (exact operands)."""
+    x, c, mean = _over_split_rows(30_011, 128, 2048, seed=int(torch.randint(0, 2**31, ())))
+    assert AssignPass(x.to(dtype), 2048, "exact", update=True).hopper
+    results = _pair_floor_pass(monkeypatch, x, c, mean, dtype, sample=7)
+    (off, labels_off), (on, labels_on) = results["0"], results["1"]
+    assert on <= off
+    if dtype == torch.float32:
+        assert on < 0.8 * off, (off, on)
+    # Labels differ only where both are float64's within ties (each checked above).
+    assert int((labels_off != labels_on).sum()) <= 0.001 * x.shape[0]
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
