@@ -1783,14 +1783,7 @@ def score_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False,
     ``gamma = 2^-22`` per term, as in ``gap_bound_coefficient``; then the bias's own rounding to
     fp32, and the same 1.25 safety factor.
     """
-    u_x, u_c = _OPERAND_ERROR[dtype]
-    if half:
-        if dtype != torch.float32 or split:
-            raise ValueError(f"fp16 operands are for fp32 rows without split centroids, got {dtype}, split={split}")
-        u_x = _HALF_ROW_ERROR
-    if split:
-        u_c = u_c * u_c
-    gamma = (2 * d if split else d) * 2.0**-22
+    u_x, u_c, gamma = _score_errors(dtype, d, split, half)
     return 1.25 * 2.0 * (u_x + gamma) * (1.0 + u_c), 1.25 * (gamma + 2.0**-24)
 
 
@@ -1800,6 +1793,13 @@ def pair_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False,
     same in every score of the row), ``A ||x|| max||c|| + B max|bias|`` (``B`` as in
     ``score_bound_coefficients``) one score's fp32 sums. ``score_bound_coefficients``' ``A`` is
     ``2 E (1 + u_c)`` plus this one; the same 1.25 safety factor."""
+    u_x, u_c, gamma = _score_errors(dtype, d, split, half)
+    return 1.25 * u_x, 1.25 * 2.0 * gamma * (1.0 + u_c)
+
+
+def _score_errors(dtype: torch.dtype, d: int, split: bool, half: bool) -> tuple[float, float, float]:
+    """(rows' operand error, centroids' operand error, fp32 sums' error per unit of magnitude) of a
+    score over ``d`` products (``2d`` split), relative."""
     u_x, u_c = _OPERAND_ERROR[dtype]
     if half:
         if dtype != torch.float32 or split:
@@ -1807,8 +1807,7 @@ def pair_bound_coefficients(dtype: torch.dtype, d: int, split: bool = False,
         u_x = _HALF_ROW_ERROR
     if split:
         u_c = u_c * u_c
-    gamma = (2 * d if split else d) * 2.0**-22
-    return 1.25 * u_x, 1.25 * 2.0 * gamma * (1.0 + u_c)
+    return u_x, u_c, (2 * d if split else d) * 2.0**-22
 
 
 def assign(
