@@ -5,7 +5,9 @@
 # SHARDS=N: the files' test functions instead split into N runs, dealt round robin (a test's cases
 # stay together, so each kernel variant mostly compiles in one process), run side by side on the one GPU:
 # Triton's compiles take most of a run's time and the device has 16 cores. Logs to
-# $OUT/pytest_shard_<i>.log, a summary line per shard.
+# $OUT/pytest_shard_<i>.log, a summary line per shard. Failed tests are named after the summary lines;
+# a shard stopped by the budget lists the test functions it held (its log's dots say how far it got).
+# PYTEST_ADDOPTS reaches the test runs, not the collection (a -v there would change what it parses).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -17,8 +19,8 @@ shards=${SHARDS:-1}
 if [ "$shards" -gt 1 ]; then
   rm -f "$OUT"/test_ids_* "$OUT"/pytest_shard_*.log  # an earlier run's shards would be run again
   # (by test function: case ids may hold spaces)
-  python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep '::' | sed 's/\[.*//' | uniq \
-    > "$OUT/test_ids.txt"
+  env -u PYTEST_ADDOPTS python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep '::' \
+    | sed 's/\[.*//' | uniq > "$OUT/test_ids.txt"
   total=$(wc -l < "$OUT/test_ids.txt")
   # (an empty shard would run pytest without ids: the whole suite)
   [ "$total" -lt "$shards" ] && shards=$total
@@ -29,7 +31,7 @@ if [ "$shards" -gt 1 ]; then
   pids=()
   for ids in "$OUT"/test_ids_*; do
     i=${ids##*_}
-    timeout "$((budget - (SECONDS - start)))" python3 -m pytest -q -rs -p no:cacheprovider $(cat "$ids") \
+    timeout "$((budget - (SECONDS - start)))" python3 -m pytest -q -rfEs -p no:cacheprovider $(cat "$ids") \
       >"$OUT/pytest_shard_$i.log" 2>&1 &
     pids+=($!)
   done
@@ -37,7 +39,13 @@ if [ "$shards" -gt 1 ]; then
   for pid in "${pids[@]}"; do
     wait "$pid"; rc=$?
     [ "$rc" -ne 0 ] && status=1
-    echo "shard $i ($(head -1 "$OUT/test_ids_$(printf %02d $i)" | cut -d: -f1) ...) rc=$rc $(tail -1 "$OUT/pytest_shard_$(printf %02d $i).log")"
+    shard=$(printf %02d $i)
+    echo "shard $i ($(head -1 "$OUT/test_ids_$shard" | cut -d: -f1) ...) rc=$rc $(tail -1 "$OUT/pytest_shard_$shard.log")"
+    grep -E '^(FAILED|ERROR) ' "$OUT/pytest_shard_$shard.log" | sed 's/^/    /'
+    if [ "$rc" -eq 124 ]; then
+      echo "    stopped by the budget; its test functions:"
+      sed 's/^/      /' "$OUT/test_ids_$shard"
+    fi
     i=$((i + 1))
   done
   echo "$total test functions in $shards shards ($((SECONDS - start)) s)"
@@ -47,9 +55,10 @@ for f in "$@"; do
   left=$((budget - (SECONDS - start)))
   if [ "$left" -lt 20 ]; then echo "not run: $f"; continue; fi
   log="$OUT/pytest_$(echo "$f" | tr '/' '_' | sed 's/\.py$//').log"
-  timeout "$left" python3 -m pytest -q -rs -p no:cacheprovider "$f" >"$log" 2>&1
+  timeout "$left" python3 -m pytest -q -rfEs -p no:cacheprovider "$f" >"$log" 2>&1
   rc=$?
   [ "$rc" -ne 0 ] && status=1
   echo "$f rc=$rc $(tail -1 "$log") ($((SECONDS - start)) s)"
+  grep -E '^(FAILED|ERROR) ' "$log" | sed 's/^/    /'
 done
 exit "$status"
