@@ -956,6 +956,26 @@ def _candidate_top(key, x_sq, row_norm, c_norm_max, residual_max, bias_max, boun
 
 
 @triton.jit
+def _candidate_pair_top(key, score_w, row_norm, c_norm_max, bias_max, residual_max, pair_coef, pair_acc_coef,
+                        bias_coef, d):
+    """``_candidate_top`` from score differences (``_pair_floor``'s bound, taken from the winner w so
+    far, whose score ``score_w`` the plan computed from the same operands): a centroid j can be
+    proven farther than w only if its score s_j > s_w + 2 a + (sqrt(D_w) + e + R)^2 - y^2, with
+    y = max(sqrt(D_w) - R - e, 0) (``_pair_floor``'s terms, D_w the key's direct distance), so at or
+    under that it stays a candidate. The rows' operand rounding e enters only through the two
+    centroids' difference, which over boundaries between close centroids leaves fewer candidates
+    than ``_candidate_top``'s per-score bound; elsewhere that one is the smaller. Rounded upward."""
+    margin = (d + 16) * 1.1920929e-07
+    eps = pair_coef * row_norm
+    acc = pair_acc_coef * row_norm * c_norm_max + bias_coef * bias_max
+    d_w = _distance_of_key(key)
+    reach = (tl.sqrt(d_w * (1.0 + margin)) * (1.0 + margin) + eps + residual_max) * (1.0 + margin)
+    y = tl.maximum(tl.sqrt(d_w * (1.0 - margin)) * (1.0 - margin) - (residual_max + eps) * (1.0 + margin), 0.0)
+    top = score_w + 2.0 * acc + reach * reach - y * y * (1.0 - margin)
+    return top + margin * (tl.abs(score_w) + 2.0 * acc + reach * reach + y * y) + 1e-30
+
+
+@triton.jit
 def _neighbour_need_kernel(count_ptr, key_ptr, need_ptr, control_ptr, cand_cap, BLOCK: tl.constexpr,
                            HAS_CONTROL: tl.constexpr):
     """Per centroid, the largest direct distance of a deferred row (the first ``cand_cap``) whose
@@ -979,10 +999,10 @@ def _neighbour_need_kernel(count_ptr, key_ptr, need_ptr, control_ptr, cand_cap, 
 def _candidate_plan_kernel(
     x_ptr, offset_ptr, norm_ptr, c_norm_ptr, row_index_ptr, count_ptr, key_ptr, chunk_min_ptr, list_ptr, top_ptr,
     control_ptr, k, d, stride_xn, stride_xd, n_chunks, cand_cap, lists_at, bound_coef, bias_coef, half_ptr, xh_ptr,
-    copy_rows, nbr_ptr, nbr_count_ptr, radius_ptr, cand_ptr,
+    copy_rows, nbr_ptr, nbr_count_ptr, radius_ptr, cand_ptr, c_mma_ptr, bias_ptr, pair_coef, pair_acc_coef,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CP: tl.constexpr, HAS_MINS: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_CONTROL: tl.constexpr, HALF: tl.constexpr, COPY: tl.constexpr,
-    NEIGHBOURS: tl.constexpr, S: tl.constexpr,
+    NEIGHBOURS: tl.constexpr, S: tl.constexpr, PAIR: tl.constexpr = False,
 ):
     """The exact mode's candidate re-search, first step: for each deferred row (``row_index_ptr``,
     the first ``cand_cap``), the score at or under which a centroid could still beat the winner
@@ -1004,7 +1024,12 @@ def _candidate_plan_kernel(
     whose winner ``w`` so far, at direct squared distance ``D``, has every other centroid within
     ``2 sqrt(D)`` of it listed, takes ``w`` and that list as its candidates (``cand_ptr``,
     ``count_ptr[2 + slot]``) and no chunk: its nearest is one of them (triangle inequality), which
-    ``_candidate_exact_kernel`` then compares directly. No fast product re-scores it."""
+    ``_candidate_exact_kernel`` then compares directly. No fast product re-scores it.
+
+    ``PAIR`` (fp16 operands, ``TORCHKM_PAIR_CANDIDATES=1``, experiments): the threshold is also
+    taken from score differences (``_candidate_pair_top``), with the winner's score computed here
+    from the operands the re-scoring multiplies (``c_mma_ptr``, ``bias_ptr``)."""
+    tl.static_assert(not PAIR or HALF, "the winner's score from the rows as fp16 operands")
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
         go = tl.load(control_ptr) == 0
@@ -1030,7 +1055,7 @@ def _candidate_plan_kernel(
         bias_max = tl.max(biases, axis=0)
         keys = key_ptr.to(tl.pointer_type(tl.uint64))
         row_floor = tl.load(half_ptr + 2) if HALF else 0.0
-        if COPY:
+        if COPY or PAIR:
             half_scale = tl.load(half_ptr)
         for t in range(tl.program_id(0), tl.cdiv(row_count, BLOCK_N), tl.num_programs(0)):
             slots = t * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1038,7 +1063,12 @@ def _candidate_plan_kernel(
             copied = row_mask & (slots < copy_rows)
             rows = tl.load(row_index_ptr + slots, mask=row_mask, other=0).to(tl.int64)
             row_norm = tl.maximum(tl.load(norm_ptr + rows, mask=row_mask, other=0.0), row_floor)
+            key = tl.load(keys + slots, mask=row_mask, other=0)
             x_sq = tl.zeros((BLOCK_N,), tl.float32)
+            if PAIR:
+                # The winner's score as the re-scoring computes the others': bias + x~ . (-2 s c~).
+                winner64 = _label_of_key(key).to(tl.int64)
+                score_w = tl.load(bias_ptr + winner64, mask=row_mask, other=0.0)
             for d0 in range(0, d, BLOCK_D):
                 dims = d0 + dims0
                 dim_mask = dims < d
@@ -1048,11 +1078,18 @@ def _candidate_plan_kernel(
                     # (scaled as ``_half_rows_kernel`` scales them: the search's own fp16 operands)
                     tl.store(xh_ptr + slots.to(tl.int64)[:, None] * d + dims[None, :], (raw * half_scale).to(tl.float16),
                              mask=copied[:, None] & dim_mask[None, :])
+                if PAIR:
+                    c_w = tl.load(c_mma_ptr + winner64[:, None] * d + dims[None, :],
+                                  mask=row_mask[:, None] & dim_mask[None, :], other=0.0).to(tl.float32)
+                    score_w += tl.sum((raw * half_scale).to(tl.float16).to(tl.float32) * c_w, axis=1)
                 xr = transform_rows(raw, row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0),
                                     tl.full((BLOCK_N,), 1.0, tl.float32), HAS_OFFSET, False)
                 x_sq += tl.sum(xr * xr, axis=1)
-            key = tl.load(keys + slots, mask=row_mask, other=0)
             top = _candidate_top(key, x_sq, row_norm, c_norm_max, residual_max, bias_max, bound_coef, bias_coef, d)
+            if PAIR:
+                score_w = score_w * tl.load(half_ptr + 1)  # (s^-2: the record's units)
+                top = tl.minimum(top, _candidate_pair_top(key, score_w, row_norm, c_norm_max, bias_max, residual_max,
+                                                          pair_coef, pair_acc_coef, bias_coef, d))
             tl.store(top_ptr + slots, top, mask=row_mask)
             need = row_mask[:, None] & chunk_mask[None, :]
             if NEIGHBOURS > 0:
@@ -2720,10 +2757,13 @@ class AssignPass:
                         self.cand_tops, control_args["control_ptr"], self.k, d, x.stride(0), x.stride(1),
                         self.research_chunks, self.cand_cap, self.lists_at, bound_args["bound_coef"],
                         bound_args["bias_coef"], prepared.half_scale if half else spare("half"), xh, copy_rows,
-                        neighbour_ids, neighbour_counts, neighbour_radius, self.cand_ids,
+                        neighbour_ids, neighbour_counts, neighbour_radius, self.cand_ids, prepared.c_mma, prepared.bias,
+                        bound_args["pair_coef"], bound_args["pair_acc_coef"],
                         BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
                         HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None,
                         HALF=half, COPY=bool(copy_rows), NEIGHBOURS=self.neighbours, S=CANDIDATES, num_warps=4,
+                        # Not measured on a GPU yet (2026-12-04): off by default.
+                        PAIR=half and not self.split and os.environ.get("TORCHKM_PAIR_CANDIDATES") == "1",
                     )
                     chunk, grid = self.research_chunk, split_grid
                 else:

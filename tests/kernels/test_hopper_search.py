@@ -662,6 +662,34 @@ def test_pair_floor_settles_over_split_rows(searched, monkeypatch):
     assert on < 0.8 * off, (off, on)
 
 
+def test_pair_candidates_name_fewer_with_the_same_labels(searched, monkeypatch):
+    """``TORCHKM_PAIR_CANDIDATES=1`` (experiments): the candidate re-search's plan also takes each
+    deferred row's threshold from score differences (``assign._candidate_pair_top``, the winner's
+    score computed from the re-scoring's own operands). Over-split rows, fp32 rows as fp16
+    operands: fewer candidates named, the same labels (float64's but for ties) and re-searched
+    rows."""
+    monkeypatch.setenv("TORCHKM_CANDIDATE_LISTS", "1")  # the plan, also for few rows
+    monkeypatch.setenv("TORCHKM_PAIR_BOUND", "0")  # more rows deferred, so more to name candidates for
+    monkeypatch.setenv("TORCHKM_NEIGHBOURS", "0")  # every deferred row re-scored, none by its winner's list
+    x, c, mean = _over_split_rows(800, 128, 400, seed=11)
+    results = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("TORCHKM_PAIR_CANDIDATES", setting)
+        p = AssignPass(x, 400, "exact", update=False)
+        labels = torch.empty(800, dtype=torch.int64, device=DEVICE)
+        p(x, c, offset=mean, row_scale=None, raw_norms=x.norm(dim=1), sample_weight=None, prev_labels=None,
+          labels=labels)
+        assert p.cand_cap > 0 and p.half
+        deferred = int(p.flag_count[0])
+        named = p.flag_count[2:2 + min(deferred, p.cand_cap)].long()
+        _check_labels(x - mean, c, labels, "exact")
+        results[setting] = deferred, int(named.sum()), labels
+    (deferred0, named0, labels0), (deferred1, named1, labels1) = results["0"], results["1"]
+    assert deferred0 == deferred1 > 20
+    assert torch.equal(labels0, labels1)
+    assert named1 < 0.8 * named0, (named0, named1)
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_pass_pair_floor_settles_over_split_rows(monkeypatch, dtype):
