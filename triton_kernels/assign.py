@@ -774,9 +774,10 @@ def _pair_floor(score, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, resi
     ``_distance_floor`` charges a score the rows' operand rounding dx at its worst over all
     centroids, 2 |dx| max||c||. Two scores of the same row carry the same dx, so their difference
     carries only 2 dx.(c~_j - c~_b), at most 2 e (sqrt(D~_j) + sqrt(D~_b)) for e >= |dx| and D~ the
-    distances to the rounded centroids c~: small for the close centroids that decide a label
-    (BENCHMARKS.md 2026-12-04, the CPU model: 41-62 % of over-split fp32 rows deferred per score,
-    14-27 % pairwise). With the record's scores r (lowered: r_j <= s_j, the computed score) and the
+    distances to the rounded centroids c~: small for the close centroids that decide a label (H200,
+    1M x 128 x 4096 over-split fp32 rows, BENCHMARKS.md 2026-12-04: deferred 32 -> 16 % of the rows
+    from random centroids, 52 -> 42 % after two iterations; exact pass 4.18 -> 3.69 and 4.41 ->
+    3.88 ms). With the record's scores r (lowered: r_j <= s_j, the computed score) and the
     fp32 sums' error a on each score, s_j - s_b >= G = score - best - L_b - 2 a, where L_b bounds
     how far the record lowered b's (twice ``_key_floor``'s slack, which covers the cleared bits and
     the row term's sum). Then D~_j + 2 e sqrt(D~_j) >= D~_b - 2 e sqrt(D~_b) + G; with
