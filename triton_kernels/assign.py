@@ -602,7 +602,7 @@ def _tile(
                 if tl.max(flag.to(tl.int32), axis=0) > 0:
                     others_low = tl.maximum(others_low, _pair_floor(
                         third, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, residual_max, pair_coef,
-                        pair_acc_coef, bias_coef, margin, PAIR_BITS))
+                        pair_acc_coef, bias_coef, margin, PAIR_BITS - 1))
                     flag = row_mask & (third < 3.0e38) & (others_low <= sq_dist * (1.0 + margin))
             if THIRD:
                 # Those rows compare their third candidate directly (few rows: the loads are masked,
@@ -629,7 +629,7 @@ def _tile(
                     if PAIR_BITS > 0:
                         fourth_low = tl.maximum(fourth_low, _pair_floor(
                             fourth, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, residual_max, pair_coef,
-                            pair_acc_coef, bias_coef, margin, PAIR_BITS))
+                            pair_acc_coef, bias_coef, margin, PAIR_BITS - 1))
                     others_low = tl.where(resolve3, fourth_low, others_low)
                     flag = tl.where(resolve3, (fourth < 3.0e38) & (fourth_low <= sq_dist * (1.0 + margin)), flag)
         done = row_mask & (flag == 0)
@@ -768,8 +768,10 @@ def _pair_floor(score, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, resi
                 bias_coef, margin, TILE_BITS: tl.constexpr):
     """A lower bound on the squared distance D_j of every centroid j whose recorded score is at least
     ``score``, from the difference of two computed scores, j's and the record's best b's (whose
-    direct distance is ``best_sq``): the Hopper search's packed record (``hopper_search.packed``,
-    ``TILE_BITS`` its tile bits).
+    direct distance is ``best_sq``). ``TILE_BITS`` > 0: the Hopper search's packed record
+    (``hopper_search.packed``, its tile bits), whose values are lowered; 0: a record of the scores
+    themselves, up to what ``pair_acc_coef`` and ``bias_coef`` bound (the tl.dot searches but the
+    lazy packed one; the eager search's packed keys are in those coefficients).
 
     ``_distance_floor`` charges a score the rows' operand rounding dx at its worst over all
     centroids, 2 |dx| max||c||. Two scores of the same row carry the same dx, so their difference
@@ -792,7 +794,10 @@ def _pair_floor(score, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, resi
     term = root_x * root_x * (1.0 + 2.0**-5 + 2.0**-10)
     # (Magnitudes clamped at 1e37, so that inf scores, of no centroid, add up to no inf.)
     best_c = tl.minimum(tl.abs(best), 1.0e37)
-    lowering = 2.0 * ((best_c + 1.01 * term) * 1.01 * (2.0 ** (TILE_BITS - 22) + 2.0**-21) + term * 2.0**-17)
+    if TILE_BITS > 0:
+        lowering = 2.0 * ((best_c + 1.01 * term) * 1.01 * (2.0 ** (TILE_BITS - 22) + 2.0**-21) + term * 2.0**-17)
+    else:
+        lowering = tl.zeros_like(best_c)
     score_c = tl.minimum(score, 1.0e37)
     gap = score_c - tl.minimum(best, 1.0e37) - lowering - 2.0 * acc
     gap = gap - margin * (tl.abs(score_c) + best_c + lowering + 2.0 * acc)
@@ -2510,7 +2515,7 @@ class AssignPass:
         bound, bias = score_bound_coefficients(dtype, d + 8 if packed else d, split=self.split, half=half)
         pair, pair_acc = pair_bound_coefficients(dtype, d + 8 if packed else d, split=self.split, half=half)
         third = os.environ.get("TORCHKM_EXACT_THIRD", "1") != "0"
-        # ``PAIR_BITS``: the caller's, where the epilogue reads the Hopper search's packed record.
+        # ``PAIR_BITS``: the caller's (it depends on the search that writes the record).
         return {"bound_coef": bound, "bias_coef": bias, "DISTANCE_BOUND": 2 if third else 1,
                 **no_pair, "pair_coef": pair, "pair_acc_coef": pair_acc}
 
@@ -2637,11 +2642,17 @@ class AssignPass:
         searched_packed = searched and hopper_search.packed(x, self.k, half=half)
         bound_args = self._bound_arguments(x.dtype, d, row_scale is not None, packed=searched_packed or lazy_bits > 0,
                                            half=half)
-        if (searched_packed and bound_args["DISTANCE_BOUND"] and not self.split
-                and os.environ.get("TORCHKM_PAIR_BOUND", "1") != "0"):
-            # The epilogue bounds the others' distances from score differences too (``_pair_floor``);
-            # ``TORCHKM_PAIR_BOUND=0``: from each score alone (experiments: A/B of the deferred rows).
-            bound_args["PAIR_BITS"] = hopper_search.tile_bits(self.k, 2 if half else x.element_size(), d)
+        pair_setting = os.environ.get("TORCHKM_PAIR_BOUND", "1")
+        if bound_args["DISTANCE_BOUND"] and not self.split and pair_setting != "0":
+            # The epilogue bounds the others' distances from score differences too (``_pair_floor``;
+            # PAIR_BITS: 1 + the packed record's tile bits). Over the Hopper search's packed record by
+            # default; ``TORCHKM_PAIR_BOUND=all``: over the tl.dot searches' records too but the lazy
+            # packed one (not measured on a GPU yet, 2026-12-04); ``0``: from each score alone
+            # (experiments: A/B of the deferred rows).
+            if searched_packed:
+                bound_args["PAIR_BITS"] = 1 + hopper_search.tile_bits(self.k, 2 if half else x.element_size(), d)
+            elif not searched and lazy_bits == 0 and pair_setting == "all":
+                bound_args["PAIR_BITS"] = 1
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).
@@ -2657,7 +2668,8 @@ class AssignPass:
             # 2^(BITS - 23) of |score| <= |bias| + 2 ||x|| max||c~||, with the usual 1.25 factor.
             cleared = 1.25 * 2.0 ** (int(self.cfg["BLOCK_K"]).bit_length() - 1 - 23)
             bound_args = {**bound_args, "bound_coef": bound_args["bound_coef"] + 2.0 * cleared,
-                          "bias_coef": bound_args["bias_coef"] + cleared}
+                          "bias_coef": bound_args["bias_coef"] + cleared,
+                          "pair_acc_coef": bound_args["pair_acc_coef"] + 2.0 * cleared}
         candidates = split_research and bool(self.cand_cap) and bool(bound_args["DISTANCE_BOUND"])
         chunk_mins = candidates and self.chunk_mins is not None and bool(self.main_grid) and not searched
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot

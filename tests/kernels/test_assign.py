@@ -347,12 +347,15 @@ def _floors_at_their_worst(x, m, c, x_op, c_op, row_norm, tile_bits, pair_eps=No
     rows = torch.arange(n)
     computed = scores + acc[:, None]
     computed[rows, b] = scores[rows, b] - acc
-    # The accumulator holds score + row term; the key's tile bits cleared (up to 2^(b - 23) of it),
-    # then ``_key_floor``'s slack subtracted.
-    term = ((x_op - m64) ** 2).sum(1) * (1 + 2.0**-5)
-    value = computed[rows, b] + term
-    value = value - value.abs() * 2.0 ** (tile_bits - 23)
-    best = value - term - (value.abs() * (2.0 ** (tile_bits - 22) + 2.0**-21) + term * 2.0**-17)
+    if tile_bits:
+        # The accumulator holds score + row term; the key's tile bits cleared (up to 2^(b - 23) of
+        # it), then ``_key_floor``'s slack subtracted.
+        term = ((x_op - m64) ** 2).sum(1) * (1 + 2.0**-5)
+        value = computed[rows, b] + term
+        value = value - value.abs() * 2.0 ** (tile_bits - 23)
+        best = value - term - (value.abs() * (2.0 ** (tile_bits - 22) + 2.0**-21) + term * 2.0**-17)
+    else:
+        best = computed[rows, b]  # a record of the scores themselves (the tl.dot searches')
     recorded = computed.clone()
     recorded[rows, b] = float("inf")
     b2 = recorded.argmin(1)
@@ -374,11 +377,12 @@ def _floors_at_their_worst(x, m, c, x_op, c_op, row_norm, tile_bits, pair_eps=No
     return per_score, pair, others_sq.min(1).values, true_sq.min(1).values * (1 + margin)
 
 
-@pytest.mark.parametrize("tile_bits", [1, 6, 10])
+@pytest.mark.parametrize("tile_bits", [0, 1, 6, 10])
 def test_pair_floor_holds_against_float64(tile_bits):
     """``_pair_floor``, the exact epilogue's bound from the difference of two scores of the Hopper
-    search's packed record, stays under every other centroid's float64 distance, and settles rows
-    the per-score floor (``_distance_floor``) cannot.
+    search's packed record (or, ``tile_bits`` 0, of the tl.dot searches' record of the scores
+    themselves), stays under every other centroid's float64 distance, and settles rows the
+    per-score floor (``_distance_floor``) cannot.
 
     Rows off the origin with about four centroids a cluster (over-split, as ``bench_lloyd --data
     mixed``), fp32 rows as fp16 operands (scaled, rounded to nearest); and rows built to make the
@@ -437,6 +441,45 @@ def test_pair_floor_holds_against_float64(tile_bits):
     _, pair_without, _, _ = _floors_at_their_worst(x.float(), m.float(), c.float(), x_op, c, row_norm, tile_bits,
                                                    pair_eps=0.0)
     assert bool((pair_without > others).any())  # the rounding term is what keeps the bound
+
+
+def _over_split_rows(n: int, d: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows as ``bench_lloyd --data mixed`` (clusters in the unit cube, each its own spread), about
+    four centroids a cluster (rows drawn as centroids, plus a little noise), centred on the rows'
+    mean: (rows, centred centroids, mean)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.rand(k // 4, d, generator=g)
+    spread = 0.02 * 10 ** torch.rand(k // 4, 1, generator=g)
+    which = torch.randint(0, k // 4, (n,), generator=g)
+    x = centres[which] + spread[which] * torch.randn(n, d, generator=g)
+    mean = x.mean(0)
+    c = x[torch.randperm(n, generator=g)[:k]] - mean + 1e-3 * torch.randn(k, d, generator=g)
+    return x.to(DEVICE), c.to(DEVICE), mean.to(DEVICE)
+
+
+@pytest.mark.parametrize("search", ["eager", "lazy", "swap"])
+def test_pair_floor_over_the_tl_dot_searches(monkeypatch, search):
+    """``TORCHKM_PAIR_BOUND=all`` (experiments): the epilogue's pairwise floor (``_pair_floor``) over
+    the tl.dot searches' records too (scores, or the eager search's packed keys, within the sums'
+    bound). Over-split rows: fewer rows re-searched, the same labels (float64's but for ties), sums
+    and counts."""
+    n, d, k = 700, 40, 150  # d > 32: the distance bound; swap holds the row in one chunk
+    x, c, mean = _over_split_rows(n, d, k, seed=3)
+    results = {}
+    for setting in ("1", "all"):
+        monkeypatch.setenv("TORCHKM_PAIR_BOUND", setting)
+        sums = torch.zeros_like(c)
+        counts = torch.zeros(k, device=DEVICE)
+        out = assign(x, c, precision="exact", offset=mean, raw_norms=x.norm(dim=1), sums=sums, counts=counts,
+                     config=_search_config(search, d))
+        _check_labels(x - mean, c, out.labels, "exact")
+        ref_sums, ref_counts = update_reference(x, out.labels, k, offset=mean)
+        torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(counts, ref_counts)
+        results[setting] = int(out.rechecked), out.labels
+    (before, labels_before), (after, labels_after) = results["1"], results["all"]
+    assert torch.equal(labels_before, labels_after)
+    assert after < 0.8 * before, (before, after)
 
 
 @pytest.mark.parametrize("search", ["eager", "lazy", "swap"])

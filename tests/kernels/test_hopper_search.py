@@ -14,6 +14,7 @@ from tests.kernels.test_assign import (
     _check_labels,
     _data,
     _fp16_operand_rows,
+    _over_split_rows,
 )
 
 ON_HOPPER = ON_GPU and hopper_search.available()
@@ -614,20 +615,6 @@ def test_kernel_pass_with_an_offset(dtype):
     sample = torch.arange(0, n, 31, device="cuda")
     _check_labels(rows[sample], c, out.labels[sample], precision, input_dtype=dtype)
     assert int(out.rechecked) < 0.02 * n
-
-
-def _over_split_rows(n: int, d: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows as ``bench_lloyd --data mixed`` (clusters in the unit cube, each its own spread), about
-    four centroids a cluster (rows drawn as centroids, plus a little noise), centred on the rows'
-    mean: (rows, centred centroids, mean)."""
-    g = torch.Generator().manual_seed(seed)
-    centres = torch.rand(k // 4, d, generator=g)
-    spread = 0.02 * 10 ** torch.rand(k // 4, 1, generator=g)
-    which = torch.randint(0, k // 4, (n,), generator=g)
-    x = centres[which] + spread[which] * torch.randn(n, d, generator=g)
-    mean = x.mean(0)
-    c = x[torch.randperm(n, generator=g)[:k]] - mean + 1e-3 * torch.randn(k, d, generator=g)
-    return x.to(DEVICE), c.to(DEVICE), mean.to(DEVICE)
 
 
 def _pair_floor_pass(monkeypatch, x, c, mean, dtype, sample=1):
