@@ -8,6 +8,8 @@ Settings (environment switches, each applied around its own passes):
   half-bound   ``TORCHKM_PAIR_BOUND=0``: fp16's rounding, one score at a time
   default      fp16's rounding and the epilogue's pairwise floor (``assign._pair_floor``)
   pair-cands   the default and ``TORCHKM_PAIR_CANDIDATES=1``: the candidate plan's pairwise threshold
+  tl.dot       ``TORCHKM_HOPPER_SEARCH=0``: the tl.dot searches (what GPUs other than Hopper run)
+  tl.dot-pair  the same with ``TORCHKM_PAIR_BOUND=all``: the pairwise floor over their records
 
 Rows: ``mixed`` (``bench_lloyd --data mixed``: over-split) or ``normal`` (N(0, 1)); centroids as
 bench_lloyd starts them (random distinct rows, "c0") and after two Lloyd iterations ("it2").
@@ -38,6 +40,8 @@ SETTINGS = {
     "half-bound": {"TORCHKM_PAIR_BOUND": "0"},
     "default": {},
     "pair-cands": {"TORCHKM_PAIR_CANDIDATES": "1"},
+    "tl.dot": {"TORCHKM_HOPPER_SEARCH": "0"},
+    "tl.dot-pair": {"TORCHKM_HOPPER_SEARCH": "0", "TORCHKM_PAIR_BOUND": "all"},
 }
 
 
@@ -74,7 +78,7 @@ def off_float64(x: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, g: torch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", default=["half-bound", "default", "pair-cands"], choices=list(SETTINGS))
     parser.add_argument("--data", nargs="+", default=["mixed", "normal"], choices=["mixed", "normal"])
     parser.add_argument("--size", nargs=3, type=int, default=[1_000_000, 128, 4096], metavar=("N", "D", "K"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
