@@ -113,6 +113,7 @@ from ._common import (
 )
 from .centroids import _PREPARE_ROWS_TL as PREPARE_ROWS
 from .centroids import (
+    HALF_ROW_FLOOR,
     _neighbour_reach,
     _round_tf32,
     amax_parts,
@@ -786,8 +787,8 @@ def _pair_floor(score, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, resi
     sqrt(D~_b) >= y = sqrt(best_sq) - R (R the centroids' largest rounding) and u^2 - 2 e u
     increasing from e, (sqrt(D~_j) + e)^2 >= max(y - e, 0)^2 + G, and sqrt(D_j) >= sqrt(D~_j) - R.
     Each step rounds toward the bound (``margin`` on magnitudes)."""
-    eps = pair_coef * row_norm
-    acc = pair_acc_coef * row_norm * c_norm_max + bias_coef * bias_max
+    eps, acc, y = _pair_terms(best_sq, row_norm, c_norm_max, bias_max, residual_max, pair_coef, pair_acc_coef,
+                              bias_coef, margin)
     # The row term as the search added it, at most: the centred norm of the operand row, ROW_MARGIN
     # (2^-5) more, and room for its fp32 sum.
     root_x = tl.sqrt(x_sq) * (1.0 + margin) + eps
@@ -801,10 +802,22 @@ def _pair_floor(score, best, best_sq, x_sq, row_norm, c_norm_max, bias_max, resi
     score_c = tl.minimum(score, 1.0e37)
     gap = score_c - tl.minimum(best, 1.0e37) - lowering - 2.0 * acc
     gap = gap - margin * (tl.abs(score_c) + best_c + lowering + 2.0 * acc)
-    y = tl.maximum(tl.sqrt(best_sq * (1.0 - margin)) * (1.0 - margin) - (residual_max + eps) * (1.0 + margin), 0.0)
     root = tl.sqrt(tl.maximum(y * y * (1.0 - margin) + gap, 0.0) * (1.0 - margin))
     z = tl.maximum(root * (1.0 - margin) - (eps + residual_max) * (1.0 + margin), 0.0) * (1.0 - margin)
     return z * z * (1.0 - margin)
+
+
+@triton.jit
+def _pair_terms(ref_sq, row_norm, c_norm_max, bias_max, residual_max, pair_coef, pair_acc_coef, bias_coef, margin):
+    """The terms ``_pair_floor`` and ``_candidate_pair_top`` share, for a row and its reference
+    centroid (the record's best, the winner so far) at direct squared distance ``ref_sq``: the
+    bound e on the row's operand rounding, the bound a on one score's fp32 sums, and
+    y = max(sqrt(D~_ref) - e, 0) from below, D~_ref the distance to the reference's rounded
+    centroid (sqrt(D~_ref) >= sqrt(ref_sq) - R)."""
+    eps = pair_coef * row_norm
+    acc = pair_acc_coef * row_norm * c_norm_max + bias_coef * bias_max
+    y = tl.maximum(tl.sqrt(ref_sq * (1.0 - margin)) * (1.0 - margin) - (residual_max + eps) * (1.0 + margin), 0.0)
+    return eps, acc, y
 
 
 # Inline PTX where it compiles (not under the interpreter), see ``_tile_key``.
@@ -972,11 +985,10 @@ def _candidate_pair_top(key, score_w, row_norm, c_norm_max, bias_max, residual_m
     centroids' difference, which over boundaries between close centroids leaves fewer candidates
     than ``_candidate_top``'s per-score bound; elsewhere that one is the smaller. Rounded upward."""
     margin = (d + 16) * 1.1920929e-07
-    eps = pair_coef * row_norm
-    acc = pair_acc_coef * row_norm * c_norm_max + bias_coef * bias_max
     d_w = _distance_of_key(key)
+    eps, acc, y = _pair_terms(d_w, row_norm, c_norm_max, bias_max, residual_max, pair_coef, pair_acc_coef, bias_coef,
+                              margin)
     reach = (tl.sqrt(d_w * (1.0 + margin)) * (1.0 + margin) + eps + residual_max) * (1.0 + margin)
-    y = tl.maximum(tl.sqrt(d_w * (1.0 - margin)) * (1.0 - margin) - (residual_max + eps) * (1.0 + margin), 0.0)
     top = score_w + 2.0 * acc + reach * reach - y * y * (1.0 - margin)
     return top + margin * (tl.abs(score_w) + 2.0 * acc + reach * reach + y * y) + 1e-30
 
@@ -1080,14 +1092,16 @@ def _candidate_plan_kernel(
                 dim_mask = dims < d
                 raw = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd,
                               mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
-                if COPY:
+                if COPY or PAIR:
                     # (scaled as ``_half_rows_kernel`` scales them: the search's own fp16 operands)
-                    tl.store(xh_ptr + slots.to(tl.int64)[:, None] * d + dims[None, :], (raw * half_scale).to(tl.float16),
+                    raw_half = (raw * half_scale).to(tl.float16)
+                if COPY:
+                    tl.store(xh_ptr + slots.to(tl.int64)[:, None] * d + dims[None, :], raw_half,
                              mask=copied[:, None] & dim_mask[None, :])
                 if PAIR:
                     c_w = tl.load(c_mma_ptr + winner64[:, None] * d + dims[None, :],
                                   mask=row_mask[:, None] & dim_mask[None, :], other=0.0).to(tl.float32)
-                    score_w += tl.sum((raw * half_scale).to(tl.float16).to(tl.float32) * c_w, axis=1)
+                    score_w += tl.sum(raw_half.to(tl.float32) * c_w, axis=1)
                 xr = transform_rows(raw, row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0),
                                     tl.full((BLOCK_N,), 1.0, tl.float32), HAS_OFFSET, False)
                 x_sq += tl.sum(xr * xr, axis=1)
@@ -1789,10 +1803,11 @@ _OPERAND_ERROR = {
 }
 # fp32 rows as fp16 operands (``AssignPass.half``): rounded to nearest by our own conversion of the
 # rows scaled by a power of two, so 2^-11 of each element in fp16's normal range, half of tf32's
-# truncation error. An element in the subnormal range is off by up to 2^-25 / s instead; 17/16 of
-# 2^-11 on a row norm floored at 2^-10 sqrt(d) / s (``centroids.half_row_floor``) covers both:
-# 2^-11 ||x|| + 2^-25 sqrt(d) / s <= (17/16) 2^-11 max(||x||, 2^-10 sqrt(d) / s).
-_HALF_ROW_ERROR = 17.0 / 16.0 * 2.0**-11
+# truncation error. An element in the subnormal range is off by up to 2^-25 / s instead; on a row
+# norm floored at F sqrt(d) / s (``centroids.half_row_floor``) this covers both:
+# 2^-11 ||x|| + 2^-25 sqrt(d) / s <= (1 + 2^-14 / F) 2^-11 max(||x||, F sqrt(d) / s), 17/16 of
+# 2^-11 at F = 2^-10.
+_HALF_ROW_ERROR = (1.0 + 2.0**-14 / HALF_ROW_FLOOR) * 2.0**-11
 
 
 def gap_bound_coefficient(dtype: torch.dtype, d: int, split: bool = False) -> float:

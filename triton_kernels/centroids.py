@@ -58,6 +58,10 @@ def block_frozen(control_ptr, stats_prev_ptr, iteration, tol, CHECK_STOP: tl.con
 # must stay below 2^31; with rows of up to 256 features they stay below 2^29. The price is the
 # subnormal range: elements below 2^-22 M (was 2^-28 M) lose bits, which ``half_row_floor`` covers.
 HALF_TOP_EXPONENT = 8
+# The exact mode's floor on a row's norm with fp16 operands, in units of sqrt(d) / s
+# (``half_row_floor``; ``assign._HALF_ROW_ERROR`` is derived from it).
+HALF_ROW_FLOOR = 2.0**-10
+_HALF_ROW_FLOOR = tl.constexpr(HALF_ROW_FLOOR)
 HALF_SCALE_LIMIT = 60
 _HALF_TOP_EXPONENT = tl.constexpr(HALF_TOP_EXPONENT)
 _HALF_SCALE_LIMIT = tl.constexpr(HALF_SCALE_LIMIT)
@@ -84,7 +88,7 @@ def _half_scale(parts_ptr, n_parts, d):
     exponent = tl.where(m > 0, exponent, 0)
     power = tl.minimum(tl.maximum(_HALF_TOP_EXPONENT - exponent, -_HALF_SCALE_LIMIT), _HALF_SCALE_LIMIT)
     scale = ((power + 127) << 23).to(tl.float32, bitcast=True)
-    return scale, 2.0**-10 * tl.sqrt(d * 1.0) / scale
+    return scale, tl.sqrt(d * 1.0) * _HALF_ROW_FLOOR / scale
 
 
 @triton.jit
@@ -194,7 +198,7 @@ def half_row_floor(d: int, scale: float) -> float:
     2^-11 ||x|| + 2^-25 sqrt(d) / s; with the row norm floored at 2^-10 sqrt(d) / s, the
     operand term of the bound (``assign.score_bound_coefficients(half=True)``: (17/16) 2^-11 of
     that norm) covers it. (2^-13 until 2026-12-04, when the bound allowed tf32's 2^-10.)"""
-    return 2.0**-10 * d**0.5 / scale
+    return HALF_ROW_FLOOR * d**0.5 / scale
 
 
 # Centroids per program of ``prepare_centroids``' launch, which ends ``Prepared.c_norm`` with each
