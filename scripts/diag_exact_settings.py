@@ -5,11 +5,13 @@ per Lloyd iteration as ``bench_lloyd`` times it.
 Settings (environment switches, each applied around its own passes):
   tf32-bound   ``TORCHKM_HALF_ROW_BOUND=0 TORCHKM_PAIR_BOUND=0``: fp32 rows as fp16 operands bounded
                with tf32's operand error, one score at a time (before 2026-12-04)
-  half-bound   ``TORCHKM_PAIR_BOUND=0``: fp16's rounding, one score at a time
-  default      fp16's rounding and the epilogue's pairwise floor (``assign._pair_floor``)
-  pair-cands   the default and ``TORCHKM_PAIR_CANDIDATES=1``: the candidate plan's pairwise threshold
+  half-bound   ``TORCHKM_PAIR_BOUND=0 TORCHKM_PAIR_CANDIDATES=0``: fp16's rounding, one score at a time
+  pair-floor   ``TORCHKM_PAIR_CANDIDATES=0``: and the epilogue's pairwise floor (``assign._pair_floor``)
+  default      and the candidate plan's pairwise threshold (``assign._candidate_pair_top``)
   tl.dot       ``TORCHKM_HOPPER_SEARCH=0``: the tl.dot searches (what GPUs other than Hopper run)
-  tl.dot-pair  the same with ``TORCHKM_PAIR_BOUND=all``: the pairwise floor over their records
+  tl.dot-single  the same with ``TORCHKM_PAIR_BOUND=0``: no pairwise floor over their records
+  row-second   the default and ``TORCHKM_HOPPER_ROW_SECOND=0``: the packed record without its per-row
+               second slot (how much of the deferral the packed record's loose fourth score costs)
 
 Rows: ``mixed`` (``bench_lloyd --data mixed``: over-split) or ``normal`` (N(0, 1)); centroids as
 bench_lloyd starts them (random distinct rows, "c0") and after two Lloyd iterations ("it2").
@@ -36,12 +38,13 @@ from diag_init import gpu_seconds  # noqa: E402
 import torchkm  # noqa: E402
 
 SETTINGS = {
-    "tf32-bound": {"TORCHKM_HALF_ROW_BOUND": "0", "TORCHKM_PAIR_BOUND": "0"},
-    "half-bound": {"TORCHKM_PAIR_BOUND": "0"},
+    "tf32-bound": {"TORCHKM_HALF_ROW_BOUND": "0", "TORCHKM_PAIR_BOUND": "0", "TORCHKM_PAIR_CANDIDATES": "0"},
+    "half-bound": {"TORCHKM_PAIR_BOUND": "0", "TORCHKM_PAIR_CANDIDATES": "0"},
+    "pair-floor": {"TORCHKM_PAIR_CANDIDATES": "0"},
     "default": {},
-    "pair-cands": {"TORCHKM_PAIR_CANDIDATES": "1"},
     "tl.dot": {"TORCHKM_HOPPER_SEARCH": "0"},
-    "tl.dot-pair": {"TORCHKM_HOPPER_SEARCH": "0", "TORCHKM_PAIR_BOUND": "all"},
+    "tl.dot-single": {"TORCHKM_HOPPER_SEARCH": "0", "TORCHKM_PAIR_BOUND": "0"},
+    "row-second": {"TORCHKM_HOPPER_ROW_SECOND": "0"},
 }
 
 
@@ -78,7 +81,7 @@ def off_float64(x: torch.Tensor, c: torch.Tensor, labels: torch.Tensor, g: torch
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", nargs="+", default=["half-bound", "default", "pair-cands"], choices=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", default=["half-bound", "pair-floor", "default"], choices=list(SETTINGS))
     parser.add_argument("--data", nargs="+", default=["mixed", "normal"], choices=["mixed", "normal"])
     parser.add_argument("--size", nargs=3, type=int, default=[1_000_000, 128, 4096], metavar=("N", "D", "K"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -1044,7 +1044,7 @@ def _candidate_plan_kernel(
     ``count_ptr[2 + slot]``) and no chunk: its nearest is one of them (triangle inequality), which
     ``_candidate_exact_kernel`` then compares directly. No fast product re-scores it.
 
-    ``PAIR`` (fp16 operands, ``TORCHKM_PAIR_CANDIDATES=1``, experiments): the threshold is also
+    ``PAIR`` (fp16 operands; ``TORCHKM_PAIR_CANDIDATES=0`` turns it off): the threshold is also
     taken from score differences (``_candidate_pair_top``), with the winner's score computed here
     from the operands the re-scoring multiplies (``c_mma_ptr``, ``bias_ptr``)."""
     tl.static_assert(not PAIR or HALF, "the winner's score from the rows as fp16 operands")
@@ -2660,13 +2660,16 @@ class AssignPass:
         pair_setting = os.environ.get("TORCHKM_PAIR_BOUND", "1")
         if bound_args["DISTANCE_BOUND"] and not self.split and pair_setting != "0":
             # The epilogue bounds the others' distances from score differences too (``_pair_floor``;
-            # PAIR_BITS: 1 + the packed record's tile bits). Over the Hopper search's packed record by
-            # default; ``TORCHKM_PAIR_BOUND=all``: over the tl.dot searches' records too but the lazy
-            # packed one (not measured on a GPU yet, 2026-12-04); ``0``: from each score alone
-            # (experiments: A/B of the deferred rows).
+            # PAIR_BITS: 1 + the packed record's tile bits): over the Hopper search's packed record
+            # and the tl.dot searches' records but the lazy packed one. ``TORCHKM_PAIR_BOUND=0``: from
+            # each score alone (experiments: A/B of the deferred rows). H200, 1M x 128, k = 4096,
+            # over-split fp32 rows (scripts/diag_exact_settings.py, 2026-12-04), tl.dot search:
+            # re-checked 37.4 -> 18.5 % and 8.11 -> 7.50 ms a pass from random rows, 57.4 -> 46.9 %
+            # and 8.93 -> 7.67 ms after two iterations; N(0, 1) rows (0.2-0.8 % re-checked) pay
+            # 0.18 ms of 6.2 in the epilogue.
             if searched_packed:
                 bound_args["PAIR_BITS"] = 1 + hopper_search.tile_bits(self.k, 2 if half else x.element_size(), d)
-            elif not searched and lazy_bits == 0 and pair_setting == "all":
+            elif not searched and lazy_bits == 0:
                 bound_args["PAIR_BITS"] = 1
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
@@ -2790,8 +2793,10 @@ class AssignPass:
                         BLOCK_N=64, BLOCK_D=32, CP=max(2, triton.next_power_of_2(self.research_chunks)),
                         HAS_MINS=chunk_mins, HAS_OFFSET=offset is not None, HAS_CONTROL=control is not None,
                         HALF=half, COPY=bool(copy_rows), NEIGHBOURS=self.neighbours, S=CANDIDATES, num_warps=4,
-                        # Not measured on a GPU yet (2026-12-04): off by default.
-                        PAIR=half and not self.split and os.environ.get("TORCHKM_PAIR_CANDIDATES") == "1",
+                        # H200, 1M x 128, k = 4096, over-split fp32 rows (diag_exact_settings.py,
+                        # 2026-12-04): 3.84 -> 3.69 ms a Lloyd iteration (``TORCHKM_PAIR_CANDIDATES=0``:
+                        # off, experiments).
+                        PAIR=half and not self.split and os.environ.get("TORCHKM_PAIR_CANDIDATES", "1") != "0",
                     )
                     chunk, grid = self.research_chunk, split_grid
                 else:

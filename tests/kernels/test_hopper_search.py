@@ -650,9 +650,9 @@ def test_pair_floor_settles_over_split_rows(searched, monkeypatch):
 
 
 def test_pair_candidates_name_fewer_with_the_same_labels(searched, monkeypatch):
-    """``TORCHKM_PAIR_CANDIDATES=1`` (experiments): the candidate re-search's plan also takes each
-    deferred row's threshold from score differences (``assign._candidate_pair_top``, the winner's
-    score computed from the re-scoring's own operands). Over-split rows, fp32 rows as fp16
+    """The candidate re-search's plan also takes each deferred row's threshold from score
+    differences (``assign._candidate_pair_top``, the winner's score computed from the re-scoring's
+    own operands; ``TORCHKM_PAIR_CANDIDATES=0`` turns it off). Over-split rows, fp32 rows as fp16
     operands: fewer candidates named, the same labels (float64's but for ties) and re-searched
     rows."""
     monkeypatch.setenv("TORCHKM_CANDIDATE_LISTS", "1")  # the plan, also for few rows
