@@ -15,9 +15,12 @@ Settings (environment switches, each applied around its own passes):
 
 Rows: ``mixed`` (``bench_lloyd --data mixed``: over-split) or ``normal`` (N(0, 1)); centroids as
 bench_lloyd starts them (random distinct rows, "c0") and after two Lloyd iterations ("it2").
+Passes in the coordinates a fit's passes use (``--offset mean``, the default: rows centred on their
+mean, ``bench_lloyd.centred_view``) or raw (``--offset none``: as this tool measured before
+2026-12-04's thirteenth session, and as ``bench_lloyd``'s ``rechk%`` column does).
 
     python scripts/diag_exact_settings.py [--settings default pair-cands] [--data mixed normal]
-        [--size 1000000 128 4096] [--dtype float32] [--lloyd] [--json out.json]
+        [--size 1000000 128 4096] [--dtype float32] [--offset mean] [--lloyd] [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 sys.path.insert(0, os.path.dirname(__file__))
 import torchkm._kernels.assign as assign_kernels  # noqa: E402
-from bench_lloyd import distinct_rows, graph_ms, lloyd_per_iteration, mixed_rows, torchkm_lloyd  # noqa: E402
+from bench_lloyd import centred_view, distinct_rows, graph_ms, lloyd_per_iteration, mixed_rows, torchkm_lloyd  # noqa: E402
 from diag_init import gpu_seconds  # noqa: E402
 
 import torchkm  # noqa: E402
@@ -85,13 +88,16 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=["mixed", "normal"], choices=["mixed", "normal"])
     parser.add_argument("--size", nargs=3, type=int, default=[1_000_000, 128, 4096], metavar=("N", "D", "K"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--offset", default="mean", choices=["mean", "none"],
+                        help="the passes' coordinates: a fit's (rows centred on their mean) or raw")
     parser.add_argument("--lloyd", action="store_true", help="also time Lloyd iterations (two rounds a setting)")
     parser.add_argument("--seed", type=int, default=20261204)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     n, d, k = args.size
     dtype = getattr(torch, args.dtype)
-    print({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size, "dtype": args.dtype})
+    print({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size, "dtype": args.dtype,
+           "offset": args.offset})
     results = []
     for data in args.data:
         g = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -100,18 +106,21 @@ def main() -> None:
         x = x32.to(dtype)
         del x32
         norms = x.float().norm(dim=1)
+        offset = centred_view(x)[1] if args.offset == "mean" else None
         c2 = torchkm.fit(x, k, init=c0, max_iter=2, tol=0.0).centroids.float()
         for start, c in (("c0", c0), ("it2", c2)):
             for name in args.settings:
                 with Setting(name):
+                    c_pass = c if offset is None else c - offset
+
                     def run():
-                        return assign_kernels.assign(x, c, precision="exact", raw_norms=norms)
+                        return assign_kernels.assign(x, c_pass, precision="exact", offset=offset, raw_norms=norms)
                     out = run()
                     off = off_float64(x, c, out.labels, g)
                     ms = graph_ms(run, calls=10)
                     _, by_kernel = gpu_seconds(run)
                 top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:6]
-                row = {"data": data, "start": start, "setting": name, "pass_ms": round(ms, 4),
+                row = {"data": data, "start": start, "setting": name, "offset": args.offset, "pass_ms": round(ms, 4),
                        "rechecked_pct": round(100 * int(out.rechecked) / n, 3), "off_float64": off,
                        "kernels_us": {kernel: round(sec * 1e6) for kernel, sec in top}}
                 results.append(row)

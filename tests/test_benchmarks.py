@@ -196,3 +196,14 @@ def test_diag_bound_potential_counts_both_rules_exactly(capsys) -> None:
     assert torch.get_default_dtype() == dtype
     out = capsys.readouterr().out
     assert "4 groups" in out and "Yinyang groups searched" in out and "rows searched" in out
+
+
+def test_bench_lloyd_check_reports_both_recheck_fractions() -> None:
+    """``check`` (the benchmark's correctness step) runs the exact pass in raw coordinates and in
+    the fit's centred ones; over-split rows off the origin re-search fewer rows centred."""
+    g = torch.Generator().manual_seed(1)
+    x = bench_lloyd.mixed_rows(600, 40, 64, g, device="cpu")
+    c = bench_lloyd.distinct_rows(x, 64, g)
+    r = bench_lloyd.check(x, c)
+    assert r["labels_off_beyond_ties_pct"] == 0.0 and r["counts_rel_err"] == 0.0
+    assert 0.0 < r["fit_rechecked_pct"] < r["rechecked_pct"]
