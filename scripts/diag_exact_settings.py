@@ -11,7 +11,7 @@ Settings (environment switches, each applied around its own passes):
   tl.dot       ``TORCHKM_HOPPER_SEARCH=0``: the tl.dot searches (what GPUs other than Hopper run)
   tl.dot-single  the same with ``TORCHKM_PAIR_BOUND=0``: no pairwise floor over their records
   row-second   the default and ``TORCHKM_HOPPER_ROW_SECOND=0``: the packed record without its per-row
-               second slot (how much of the deferral the packed record's loose fourth score costs)
+               second slot (H200, 2026-12-04: the same rows deferred, the search 0.5 ms slower)
 
 Rows: ``mixed`` (``bench_lloyd --data mixed``: over-split) or ``normal`` (N(0, 1)); centroids as
 bench_lloyd starts them (random distinct rows, "c0") and after two Lloyd iterations ("it2").
@@ -19,7 +19,7 @@ Passes in the coordinates a fit's passes use (``--offset mean``, the default: ro
 mean, ``bench_lloyd.centred_view``) or raw (``--offset none``: as this tool measured before
 2026-12-04's thirteenth session, and as ``bench_lloyd``'s ``rechk%`` column does).
 
-    python scripts/diag_exact_settings.py [--settings default pair-cands] [--data mixed normal]
+    python scripts/diag_exact_settings.py [--settings half-bound default] [--data mixed normal]
         [--size 1000000 128 4096] [--dtype float32] [--offset mean] [--lloyd] [--json out.json]
 """
 
