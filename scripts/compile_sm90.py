@@ -89,22 +89,24 @@ class Compiler:
         seen.add(key)
         t0 = time.time()
         k = triton.compile(self.source(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-        shown = ("BLOCK_N", "BLOCK_K", "BLOCK_D", "CHECK", "EAGER", "PRECISION", "ONE_CHUNK", "HAS_ROW_INDEX", "UPDATE")
+        shown = ("BLOCK_N", "BLOCK_K", "BLOCK_D", "CHECK", "EAGER", "PRECISION", "ONE_CHUNK", "HAS_ROW_INDEX", "UPDATE",
+                 "SEARCHED", "HALF", "CENTRED")
         print(f"ok {fn.__name__} {time.time()-t0:.1f}s {ptxas_usage(k.asm['ptx'], k.metadata.name)} shared={k.metadata.shared} {opts} "
               + " ".join(f"{a}={b}" for a, b in consts.items() if a in shown or fn.__name__ != "_assign_kernel"), flush=True)
 common.launcher = lambda fn: Compiler(fn)
 
 
-def compile_hopper_search(n, d, k, dtype, check, half):
+def compile_hopper_search(n, d, k, dtype, check, half, centred=False):
     """One Gluon search launch as ``assign`` would make it: rows of ``dtype`` (fp32 rows as fp16
-    operands with ``half``), packed where ``hopper_search.packed`` says."""
+    operands with ``half``, less the offset with ``centred``), packed where ``hopper_search.packed``
+    says."""
     rows_dtype = torch.float16 if half else dtype
     x = torch.empty(n, d, dtype=dtype)
     c_mma = torch.zeros(k, d, dtype=rows_dtype)
     bias = torch.zeros(k)
     operands = H.search_operands_reference(bias, rows_dtype) if H.packed(x, k, half=half) else None
     H.search(x, c_mma, bias, torch.empty(H.record_rows(check), n), check=check, offset=torch.zeros(d),
-             operands=operands, half_scale=torch.ones(3) if half else None)
+             operands=operands, half_scale=torch.ones(3) if half else None, centred=centred)
 # Imported after the patch above, so that every launcher the modules build compiles instead.
 import torchkm._kernels.assign as A  # noqa: E402
 import torchkm._kernels.boxes as B  # noqa: E402
@@ -168,6 +170,10 @@ def main():
         for dt in (torch.float32, torch.bfloat16):
             for prec in ("exact", "fast"):
                 compile_assign(n, d, k, dt, prec, A.assign_config(n, k, d, dt, prec))
+        # The exact epilogue over centred fp16 operands (``TORCHKM_CENTRED_OPERANDS=1``, experiments).
+        os.environ["TORCHKM_CENTRED_OPERANDS"] = "1"
+        compile_assign(n, d, k, torch.float32, "exact", A.assign_config(n, k, d, torch.float32, "exact"))
+        del os.environ["TORCHKM_CENTRED_OPERANDS"]
     del os.environ["TORCHKM_HOPPER_SEARCH"]
     H.search_operands = search_operands
     # The Gluon search itself, as the passes above launch it on an H100 / H200.
@@ -180,6 +186,8 @@ def main():
                 continue
             for check in (False, True):
                 compile_hopper_search(n, d, k, dt, check, half)
+                if half:
+                    compile_hopper_search(n, d, k, dt, check, half, centred=True)
     D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))
     # The box engine (algorithm="pruned" at d <= 8): 2 stand-in rows, 2 tiles.
     for d, k in ((1, 32), (2, 32), (3, 100), (8, 7)):

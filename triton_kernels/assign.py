@@ -156,7 +156,7 @@ def _tile(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr, PAIR_BITS: tl.constexpr,
-    x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr, c_res, c_lo_res, bias_res, offset_res,
+    CENTRED: tl.constexpr, x_pre, prev_pre, w_pre, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr, c_res, c_lo_res, bias_res, offset_res,
 ):
     tl.static_assert(UPDATE != 4 or HAS_PREV, "moving rows between clusters needs their previous labels")
     tl.static_assert(not ONE_TILE or (not EAGER and not SWAP and not SEARCHED and LAZY_BITS == 0 and KEYS != 2),
@@ -587,6 +587,16 @@ def _tile(
             if STORE_LOWER or DISTANCE_BOUND:
                 x_sq += tl.sum(xr * xr, axis=1)
         best_sq = sq_dist  # the record's best's direct distance (``_pair_floor``)
+        if CENTRED:
+            tl.static_assert(SEARCHED and HALF and HAS_OFFSET and DISTANCE_BOUND != 0,
+                             "centred operands: the Hopper search's fp16 rows less the offset, exact mode")
+            # The search rounded the centred rows, fl(x - m) s (``hopper_search._half_rows``), the
+            # values this sweep read: their operand error is relative to the norm it just summed
+            # (x_sq, fp32: within (d + 16) units of its last place, root included), not the raw
+            # norm, and the search's bias is ||c~||^2 <= (max ||c|| + R)^2.
+            row_norm = tl.maximum(tl.sqrt(x_sq) * (1.0 + (d + 16) * 1.1920929e-07), tl.load(half_ptr + 2))
+            bias_max = (c_norm_max + residual_max) * (c_norm_max + residual_max) * (1.0 + 2.0**-20)
+            bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
         loser_sq = tl.where(take2, sq_dist, sq_dist2)
         label = tl.where(take2, label2, label)
@@ -1404,7 +1414,7 @@ def _assign_kernel(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr, PAIR_BITS: tl.constexpr,
-    HAS_CONTROL: tl.constexpr, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
+    CENTRED: tl.constexpr, HAS_CONTROL: tl.constexpr, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     go = True
     if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
@@ -1417,7 +1427,7 @@ def _assign_kernel(
                          n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, n_replicas, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                          BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                          STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, PREFETCH, ONE_TILE)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, CENTRED, PREFETCH, ONE_TILE)
 
 
 @triton.jit
@@ -1433,7 +1443,7 @@ def _assign_programs(
     HAS_PREV: tl.constexpr, UPDATE: tl.constexpr, RAW_MMA: tl.constexpr, PRECISION: tl.constexpr,
     ONE_CHUNK: tl.constexpr, EAGER: tl.constexpr, EPI_D: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr, KEYS: tl.constexpr, SEARCHED: tl.constexpr,
     DISTANCE_BOUND: tl.constexpr, CHUNK_MINS: tl.constexpr, PACK_KEYS: tl.constexpr, HALF: tl.constexpr, LAZY_BITS: tl.constexpr, PAIR_BITS: tl.constexpr,
-    PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
+    CENTRED: tl.constexpr, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     replica = pid % n_replicas
@@ -1520,7 +1530,7 @@ def _assign_programs(
                 n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
                 BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
                 STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE,
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, CENTRED, x_tile, prev_tile, w_tile, PREFETCH, ONE_TILE,
                 c_res, c_lo_res, bias_res, offset_res)
             inertia_rows += i
             changed_rows += c
@@ -1536,7 +1546,7 @@ def _assign_programs(
             n, k, d, stride_xn, stride_xd, bound_coef, bias_coef, pair_coef, pair_acc_coef, replica, acc_sums, acc_counts, chunk_min_ptr, min_chunk, half_ptr, xh_ptr,
             BLOCK_N, BLOCK_K, BLOCK_D, KP, DP, HAS_OFFSET, HAS_SCALE, HAS_WEIGHT, HAS_ROW_INDEX, CHECK,
             STORE_SQ_DIST, STORE_LOWER, HAS_PREV, UPDATE, RAW_MMA, PRECISION, ONE_CHUNK, EAGER, EPI_D, SPLIT, SWAP, KEYS, SEARCHED,
-                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, 0.0, 0, 0.0, 0, ONE_TILE, 0.0, 0.0, 0.0, 0.0)
+                DISTANCE_BOUND, CHUNK_MINS, PACK_KEYS, HALF, LAZY_BITS, PAIR_BITS, CENTRED, 0.0, 0, 0.0, 0, ONE_TILE, 0.0, 0.0, 0.0, 0.0)
     tl.store(part_inertia_ptr + part_base + pid, inertia)
     tl.store(part_changed_ptr + part_base + pid, changed)
 
@@ -2429,9 +2439,12 @@ class AssignPass:
             self.searched = torch.empty(2 if self.overlap else 1, hopper_search.record_rows(self.check),
                                         self.chunk_rows, dtype=torch.float32, device=x.device)
         offset = main["offset_ptr"] if main["HAS_OFFSET"] else None
+        # ``main["CENTRED"]``: the search rounds the rows less the offset, against ||c~||^2 alone.
+        centred = bool(main["CENTRED"])
+        bias = hopper_search.centred_search_bias(prepared.c_mma, prepared.half_scale) if centred else prepared.bias
         # The packed search's centroid operand, once for all chunks (a traced search makes its own).
         packed = hopper_search.packed(x, self.k, half=half) and not self.traced
-        operands = (hopper_search.search_operands(prepared.bias, torch.float16 if half else x.dtype) if packed
+        operands = (hopper_search.search_operands(bias, torch.float16 if half else x.dtype) if packed
                     else None)
         caller = torch.cuda.current_stream(x.device) if self.overlap else None
         for stream in self.search_streams:
@@ -2446,18 +2459,18 @@ class AssignPass:
                 with torch.cuda.stream(stream):
                     if chunk >= 2:
                         stream.wait_event(read[chunk - 2])
-                    hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
+                    hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, bias, record,
                                          check=self.check, control=control, offset=offset, operands=operands,
-                                         half_scale=half_scale)
+                                         half_scale=half_scale, centred=centred)
                 caller.wait_stream(stream)
             elif self.traced:
                 hopper_search.search_in_graph(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias,
                                               self.searched, chunk % len(self.searched), check=self.check,
                                               control=control, offset=offset)
             else:
-                hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias, record,
+                hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, bias, record,
                                      check=self.check, control=control, offset=offset, operands=operands,
-                                     half_scale=half_scale)
+                                     half_scale=half_scale, centred=centred)
             launcher(_assign_kernel)[(self.chunk_grid,)](
                 x, prepared.c_mma, searched_ptr=record, SEARCHED=True, part_base=chunk * self.chunk_grid,
                 tile_offset=start // main["BLOCK_N"], searched_stride=self.chunk_rows, **main,
@@ -2515,7 +2528,8 @@ class AssignPass:
         # saves (H200, 245,760 x 32, k = 1024: 0.230 -> 0.248 ms per pass, 2026-11-22, before the
         # lazy search's packed keys; TORCHKM_EXACT_BOUND=distance takes the distance bound there,
         # to measure it again).
-        no_pair = {"pair_coef": 0.0, "pair_acc_coef": 0.0, "PAIR_BITS": 0}
+        # CENTRED: the caller's (the Hopper search's centred fp16 operands, ``_searched_chunks``).
+        no_pair = {"pair_coef": 0.0, "pair_acc_coef": 0.0, "PAIR_BITS": 0, "CENTRED": False}
         if not self.check:
             return {"bound_coef": 0.0, "bias_coef": 0.0, "DISTANCE_BOUND": False, **no_pair}
         setting = os.environ.get("TORCHKM_EXACT_BOUND", "auto")
@@ -2671,6 +2685,13 @@ class AssignPass:
                 bound_args["PAIR_BITS"] = 1 + hopper_search.tile_bits(self.k, 2 if half else x.element_size(), d)
             elif not searched and lazy_bits == 0:
                 bound_args["PAIR_BITS"] = 1
+        # ``TORCHKM_CENTRED_OPERANDS=1`` (experiments, not yet run on a GPU): the Hopper search rounds
+        # fp32 rows as (x - m) s, not x s, and the epilogue bounds their rounding by the centred norm
+        # (``_tile``, CENTRED). A CPU model of the bound (BENCHMARKS.md 2026-12-04, the CPU entries)
+        # defers 8.2 -> 3.1 % of over-split rows from random centroids, 19.9 -> 10.8 % after two
+        # iterations; rows near the origin (N(0, 1)) gain nothing.
+        bound_args["CENTRED"] = (searched and half and offset is not None and bool(bound_args["DISTANCE_BOUND"])
+                                 and not self.traced and os.environ.get("TORCHKM_CENTRED_OPERANDS") == "1")
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).
@@ -2851,7 +2872,7 @@ class AssignPass:
                 chunk_min_ptr=spare("chunk_mins"), min_chunk=1, CHUNK_MINS=False, PACK_KEYS=False, LAZY_BITS=0,
                 half_ptr=spare("half"), xh_ptr=spare("xh", torch.float16), HALF=False, SPLIT=False,
                 part_base=self.main_grid, bound_coef=0.0, bias_coef=0.0, pair_coef=0.0, pair_acc_coef=0.0, PAIR_BITS=0,
-                DISTANCE_BOUND=False,
+                DISTANCE_BOUND=False, CENTRED=False,
                 HAS_ROW_INDEX=True, CHECK=False, STORE_LOWER=False, RAW_MMA=False, PRECISION="tf32x3",
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, ONE_TILE=False, **cfg,
                 **{**common, **few_rows_update},

@@ -60,8 +60,9 @@ try:  # Gluon is experimental: its absence, or another API, leaves the tl.dot se
 except ImportError:  # pragma: no cover - depends on the installed Triton
     gluon = None
 
-__all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_in_graph", "search_operands",
-           "search_operands_reference", "search_reference", "supported", "traced", "in_traced_passes"]
+__all__ = ["available", "centred_search_bias", "chunk_rows", "mode", "packed", "record_rows", "search",
+           "search_in_graph", "search_operands", "search_operands_reference", "search_reference", "supported", "traced",
+           "in_traced_passes"]
 
 # Tile shapes: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16 per warp),
 # centroids its N; the row tile stays in shared memory beside the centroid stages; ``group``:
@@ -443,29 +444,35 @@ if gluon is not None:
                        BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
                        INSTR_K: gl.constexpr, GROUP: gl.constexpr, HAS_CONTROL: gl.constexpr,
                        PACKED: gl.constexpr, TILE_BITS: gl.constexpr, HAS_OFFSET: gl.constexpr, HALF: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       CENTRED: gl.constexpr, num_warps: gl.constexpr):
         if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
             if gl.load(control_ptr) == 0:
                 _search_rows(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr,
                              best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr, fourth_ptr, n, k, d,
                              BLOCK_N, BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, PACKED, TILE_BITS, HAS_OFFSET, HALF,
-                             num_warps)
+                             CENTRED, num_warps)
         else:
             _search_rows(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr, best_ptr,
                          label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr, fourth_ptr, n, k, d, BLOCK_N,
-                         BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, PACKED, TILE_BITS, HAS_OFFSET, HALF, num_warps)
+                         BLOCK_K, STAGES, CHECK, INSTR_K, GROUP, PACKED, TILE_BITS, HAS_OFFSET, HALF, CENTRED,
+                         num_warps)
 
     @gluon.jit
-    def _half_rows(x_ptr, stride_xn, stride_xd, half_ptr, x_smem, row0, n, d, BLOCK_N: gl.constexpr,
-                   DP: gl.constexpr, num_warps: gl.constexpr):
+    def _half_rows(x_ptr, stride_xn, stride_xd, half_ptr, offset_ptr, x_smem, row0, n, d, BLOCK_N: gl.constexpr,
+                   DP: gl.constexpr, CENTRED: gl.constexpr, num_warps: gl.constexpr):
         # fp32 rows times the pass's scale s, into the fp16 row tile (fp16 operands, see ``search``):
         # the tile stays resident for every centroid tile, so this is one read of the rows.
+        # CENTRED: (x - offset) s, the fp32 difference the epilogue's direct distances take too, so
+        # that fp16 rounds a row by its centred norm (``search(centred=True)``).
         rows_layout: gl.constexpr = gl.BlockedLayout([1, DP // 32], [1, 32], [num_warps, 1], [1, 0])
         rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, rows_layout))
         dims = gl.arange(0, DP, layout=gl.SliceLayout(0, rows_layout))
         mask = gl.expand_dims(rows < n, 1) & gl.expand_dims(dims < d, 0)
         offsets = gl.expand_dims(rows.to(gl.int64) * stride_xn, 1) + gl.expand_dims(dims.to(gl.int64) * stride_xd, 0)
         values = gl.load(x_ptr + offsets, mask=mask, other=0.0)
+        if CENTRED:
+            mean = gl.load(offset_ptr + dims, mask=dims < d, other=0.0)
+            values = gl.where(mask, values - gl.expand_dims(mean, 0), 0.0)
         x_smem.store((values * gl.load(half_ptr)).to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()
@@ -475,10 +482,12 @@ if gluon is not None:
                      label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr, fourth_ptr, n, k, d,
                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
                      INSTR_K: gl.constexpr, GROUP: gl.constexpr, PACKED: gl.constexpr, TILE_BITS: gl.constexpr,
-                     HAS_OFFSET: gl.constexpr, HALF: gl.constexpr, num_warps: gl.constexpr):
+                     HAS_OFFSET: gl.constexpr, HALF: gl.constexpr, CENTRED: gl.constexpr, num_warps: gl.constexpr):
         # HALF: fp32 rows (``x_ptr``) multiplied as fp16 (``_half_rows``); ``x_desc`` is unused.
+        # CENTRED (with HALF): the rows less the offset, already in the tile the row term reads.
         DP: gl.constexpr = c_desc.block_type.shape[1]
         EXTRA_K: gl.constexpr = e_desc.block_type.shape[1]
+        SUBTRACT: gl.constexpr = HAS_OFFSET and not CENTRED  # the row term's centring
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_K, INSTR_K])
         row0 = gl.program_id(0) * BLOCK_N
@@ -508,7 +517,8 @@ if gluon is not None:
         for s in gl.static_range(STAGES):
             _refill(c_desc, e_desc, c_smem, ce_smem, ready, s, s, s < n_tiles, BLOCK_K, PACKED)
         if HALF:  # while the first centroid tiles load
-            _half_rows(x_ptr, stride_xn, stride_xd, half_ptr, x_smem, row0, n, d, BLOCK_N, DP, num_warps)
+            _half_rows(x_ptr, stride_xn, stride_xd, half_ptr, offset_ptr, x_smem, row0, n, d, BLOCK_N, DP, CENTRED,
+                       num_warps)
 
         best_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
         tile_t = gl.full([BLOCK_N, BLOCK_K], 0, gl.int32, layout)
@@ -525,7 +535,7 @@ if gluon is not None:
         if not HALF:
             mbarrier.wait(x_ready, 0)
         if PACKED:
-            row_term = _row_term(x_smem, e_smem, offset_ptr, half_ptr, d, BLOCK_N, DP, EXTRA_K, HAS_OFFSET,
+            row_term = _row_term(x_smem, e_smem, offset_ptr, half_ptr, d, BLOCK_N, DP, EXTRA_K, SUBTRACT,
                                  x_desc.dtype == gl.float32, HALF, num_warps, layout)
         else:
             row_term = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
@@ -749,15 +759,25 @@ def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.T
     return out.to(dtype)
 
 
+def centred_search_bias(c_mma: torch.Tensor, half_scale: torch.Tensor) -> torch.Tensor:
+    """The search's bias for centred fp16 operands (``search(centred=True)``): ``||c~||^2`` in the
+    products' s^2 units, c~ the centroids as the fp16 operand ``c_mma`` (-2 s c~) holds them, summed
+    in float64 as ``prepare_centroids`` sums its bias. Device ops only (no host sync: capturable)."""
+    s = half_scale[0].double()
+    hi = c_mma.double() * (-0.5 / s)
+    return ((hi * hi).sum(1).float() * half_scale[0]) * half_scale[0]
+
+
 def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
-                     control: torch.Tensor | None = None, half_scale: torch.Tensor | None = None) -> None:
+                     control: torch.Tensor | None = None, half_scale: torch.Tensor | None = None,
+                     offset: torch.Tensor | None = None, centred: bool = False) -> None:
     """``search`` in torch (fp32 products, an (n, k) score matrix: small sizes only); the same record,
     ties to the lowest index, with the scores' own values (as the unpacked search's)."""
     if control is not None and int(control.reshape(-1)[0]) != 0:
         return
     n = x.shape[0]
     if half_scale is not None:
-        x = (x * half_scale[0]).half()
+        x = ((x - offset) * half_scale[0] if centred else x * half_scale[0]).half()
     scores = bias[None, :] + x.float() @ c_mma.float().T
     values, order = torch.sort(scores, dim=1, stable=True)
     labels = out.view(torch.int32)
@@ -781,7 +801,8 @@ def _check_mode(check: bool, is_packed: bool) -> int:
 
 def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
            control: torch.Tensor | None = None, offset: torch.Tensor | None = None,
-           operands: torch.Tensor | None = None, half_scale: torch.Tensor | None = None) -> None:
+           operands: torch.Tensor | None = None, half_scale: torch.Tensor | None = None,
+           centred: bool = False) -> None:
     """Write each row's search result into the first n columns of ``out`` (float32, (``record_rows``,
     m >= n), rows contiguous): rows 0-1 are the best score and its index (int32 bits); with
     ``check`` rows 2-6 are the second best and its index, a lower bound on every other score (the
@@ -794,7 +815,10 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     lowered as ``packed`` states. ``half_scale`` (``centroids.Prepared.half_scale``): fp32 rows,
     multiplied as fp16 operands; each program converts its row tile, times ``half_scale[0]``, as it
     loads it (any strides), ``c_mma`` and ``bias`` are the preparation's fp16 ones, and the record
-    is in their units (``half_scale[0]^2`` times the scores'), packed as ``packed(x, k, half=True)``. Call only where
+    is in their units (``half_scale[0]^2`` times the scores'), packed as ``packed(x, k, half=True)``.
+    ``centred`` (with ``half_scale`` and ``offset``; experiments, ``TORCHKM_CENTRED_OPERANDS=1``):
+    each row tile is converted as (x - offset) s, so fp16 rounds a row by its centred norm, and
+    ``bias`` is then ``||c~||^2`` alone (``centred_search_bias``), not ``||c~||^2 + 2 m.c~``. Call only where
     ``supported`` (with ``dtype=torch.float16`` for ``half_scale``). Under
     ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
     if out.dim() != 2 or out.shape[0] < record_rows(check) or out.shape[1] < x.shape[0] or out.stride(1) != 1:
@@ -804,8 +828,11 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     if half and (x.dtype != torch.float32 or c_mma.dtype != torch.float16):
         raise ValueError(f"fp16 operands (half_scale) take float32 rows and float16 centroids, got {x.dtype} and "
                          f"{c_mma.dtype}")
+    if centred and (not half or offset is None):
+        raise ValueError("centred operands are fp16 ones (half_scale) of rows less an offset")
     if mode() == "reference":
-        search_reference(x, c_mma, bias, out, check=check, control=control, half_scale=half_scale)
+        search_reference(x, c_mma, bias, out, check=check, control=control, half_scale=half_scale, offset=offset,
+                         centred=centred)
         return
     n, d = x.shape
     k = c_mma.shape[0]
@@ -850,7 +877,7 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=_check_mode(check, is_packed), INSTR_K=32 // size,
         GROUP=group,
         HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size, d) if is_packed else 1,
-        HAS_OFFSET=offset is not None and is_packed, HALF=half, num_warps=warps, **options,
+        HAS_OFFSET=offset is not None and is_packed, HALF=half, CENTRED=centred, num_warps=warps, **options,
     )
 
 

@@ -617,12 +617,13 @@ def test_kernel_pass_with_an_offset(dtype):
     assert int(out.rechecked) < 0.02 * n
 
 
-def _pair_floor_pass(monkeypatch, x, c, mean, dtype, sample=1):
-    """The exact pass with the pairwise floor off and on: (re-searched rows, labels) of each; labels
-    checked on every ``sample``-th row."""
+def _pair_floor_pass(monkeypatch, x, c, mean, dtype, sample=1, variable="TORCHKM_PAIR_BOUND"):
+    """The exact pass with the pairwise floor (or what ``variable`` switches) off and on:
+    (re-searched rows, labels) of each; labels checked on every ``sample``-th row, sums and counts
+    against float64's of the labels."""
     results = {}
     for setting in ("0", "1"):
-        monkeypatch.setenv("TORCHKM_PAIR_BOUND", setting)
+        monkeypatch.setenv(variable, setting)
         sums = torch.zeros_like(c)
         counts = torch.zeros(c.shape[0], device=DEVICE)
         out = assign(x.to(dtype), c, precision="exact", offset=mean, raw_norms=x.to(dtype).float().norm(dim=1),
@@ -692,6 +693,53 @@ def test_kernel_pass_pair_floor_settles_over_split_rows(monkeypatch, dtype):
     if dtype == torch.float32:
         assert on < 0.8 * off, (off, on)
     # Labels differ only where both are float64's within ties (each checked above).
+    assert int((labels_off != labels_on).sum()) <= 0.001 * x.shape[0]
+
+
+def test_centred_operands_settle_more_rows_off_the_origin(searched, monkeypatch):
+    """``TORCHKM_CENTRED_OPERANDS=1`` (experiments): the search rounds fp32 rows as fp16 operands
+    less the offset, (x - m) s, against ||c~||^2 alone, and the epilogue bounds their rounding by
+    the centred norm. Over-split rows off the origin (median raw norm about twice the centred one):
+    fewer rows re-searched, labels float64's but for ties, sums and counts float64's of the labels;
+    the search saw the centred operands and bias."""
+    x, c, mean = _over_split_rows(800, 128, 400, seed=7)
+    reference = hopper_search.search_reference
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("centred", False))
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(hopper_search, "search_reference", spy)
+    results = _pair_floor_pass(monkeypatch, x, c, mean, torch.float32, variable="TORCHKM_CENTRED_OPERANDS")
+    (off, labels_off), (on, labels_on) = results["0"], results["1"]
+    assert seen and not seen[0] and seen[-1]  # the first pass raw, the last centred
+    assert off >= 10 and on < 0.8 * off, (off, on)
+    assert int((labels_off != labels_on).sum()) <= 2  # both float64's but for ties (checked above)
+
+
+def test_centred_search_bias_is_the_rounded_centroids_norm():
+    """``centred_search_bias``: ||c~||^2 of the fp16 operand's centroids, in the products' s^2 units,
+    as ``prepare_centroids`` sums its own bias (float64, then float32, then scaled)."""
+    g = torch.Generator().manual_seed(3)
+    c = (torch.randn(37, 24, generator=g) * 3.0).to(DEVICE)
+    s = 2.0**5
+    c_mma = (c * (-2.0 * s)).half()
+    half_scale = torch.tensor([s, 1.0 / s / s, 0.0], device=DEVICE)
+    hi = c_mma.double() / (-2.0 * s)
+    want = ((hi * hi).sum(1).float() * s) * s
+    torch.testing.assert_close(hopper_search.centred_search_bias(c_mma, half_scale), want, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+def test_kernel_pass_centred_operands_settle_more_rows(monkeypatch):
+    """The same over the Gluon kernel (``_half_rows`` centring each row tile as it converts it, the
+    row term not centring it twice), fresh random rows each run."""
+    x, c, mean = _over_split_rows(30_011, 128, 2048, seed=int(torch.randint(0, 2**31, ())))
+    assert AssignPass(x, 2048, "exact", update=True).hopper
+    results = _pair_floor_pass(monkeypatch, x, c, mean, torch.float32, sample=7, variable="TORCHKM_CENTRED_OPERANDS")
+    (off, labels_off), (on, labels_on) = results["0"], results["1"]
+    assert on < 0.8 * off, (off, on)
     assert int((labels_off != labels_on).sum()) <= 0.001 * x.shape[0]
 
 
