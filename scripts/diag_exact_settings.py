@@ -10,6 +10,8 @@ Settings (environment switches, each applied around its own passes):
   default      and the candidate plan's pairwise threshold (``assign._candidate_pair_top``)
   tl.dot       ``TORCHKM_HOPPER_SEARCH=0``: the tl.dot searches (what GPUs other than Hopper run)
   tl.dot-single  the same with ``TORCHKM_PAIR_BOUND=0``: no pairwise floor over their records
+  centred      the default and ``TORCHKM_CENTRED_OPERANDS=1``: the Hopper search rounds fp32 rows less
+               the offset (with ``--offset mean``; experiments, 2026-12-04)
   row-second   the default and ``TORCHKM_HOPPER_ROW_SECOND=0``: the packed record without its per-row
                second slot (H200, 2026-12-04: the same rows deferred, the search 0.5 ms slower)
 
@@ -48,6 +50,7 @@ SETTINGS = {
     "tl.dot": {"TORCHKM_HOPPER_SEARCH": "0"},
     "tl.dot-single": {"TORCHKM_HOPPER_SEARCH": "0", "TORCHKM_PAIR_BOUND": "0"},
     "row-second": {"TORCHKM_HOPPER_ROW_SECOND": "0"},
+    "centred": {"TORCHKM_CENTRED_OPERANDS": "1"},
 }
 
 
