@@ -47,11 +47,12 @@ Precision (``precision=``):
                (``score_bound_coefficients``), and less what rounding the centroids can add,
                ``2 (x - c).r + ||r||^2`` for a centroid rounded by ``r`` (bounded through the
                distance itself, so it is small for the close centroids that decide), must leave a
-               distance above the winner's. Over the Hopper search's packed record the epilogue
-               also bounds that distance from the difference of the third score and the best
-               (``_pair_floor``): the rows' operand rounding is the same in both, so only its
-               projection on the two centroids' difference remains, which settles rows near
-               boundaries between close centroids. Labels then equal those of an fp32
+               distance above the winner's. The epilogue also bounds that distance from the
+               difference of the third score and the best (``_pair_floor``; over the Hopper
+               search's packed record and the tl.dot searches' records but the lazy packed one):
+               the rows' operand rounding is the same in both, so only its projection on the two
+               centroids' difference remains, which settles rows near boundaries between close
+               centroids. Labels then equal those of an fp32
                computation up to ties within fp32 rounding. Over many centroids (a split re-search) the deferred rows
                are first scored again with the fast product, in the centroid chunks whose lowest
                score in the pass could hide a winner, and the centroids whose scores could
