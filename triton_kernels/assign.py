@@ -2442,7 +2442,7 @@ class AssignPass:
         offset = main["offset_ptr"] if main["HAS_OFFSET"] else None
         # ``main["CENTRED"]``: the search rounds the rows less the offset, against ||c~||^2 alone.
         centred = bool(main["CENTRED"])
-        bias = hopper_search.centred_search_bias(prepared.c_mma, prepared.half_scale) if centred else prepared.bias
+        bias = prepared.bias_centred if centred else prepared.bias
         # The packed search's centroid operand, once for all chunks (a traced search makes its own).
         packed = hopper_search.packed(x, self.k, half=half) and not self.traced
         operands = (hopper_search.search_operands(bias, torch.float16 if half else x.dtype) if packed
@@ -2686,13 +2686,15 @@ class AssignPass:
                 bound_args["PAIR_BITS"] = 1 + hopper_search.tile_bits(self.k, 2 if half else x.element_size(), d)
             elif not searched and lazy_bits == 0:
                 bound_args["PAIR_BITS"] = 1
-        # ``TORCHKM_CENTRED_OPERANDS=1`` (experiments, not yet run on a GPU): the Hopper search rounds
-        # fp32 rows as (x - m) s, not x s, and the epilogue bounds their rounding by the centred norm
-        # (``_tile``, CENTRED). A CPU model of the bound (BENCHMARKS.md 2026-12-04, the CPU entries)
-        # defers 8.2 -> 3.1 % of over-split rows from random centroids, 19.9 -> 10.8 % after two
-        # iterations; rows near the origin (N(0, 1)) gain nothing.
+        # The Hopper search rounds fp32 rows as (x - m) s, not x s, and the epilogue bounds their
+        # rounding by the centred norm (``_tile``, CENTRED): rows off the origin defer fewer rows.
+        # H200, 1M x 128, k = 4096, over-split fp32 rows, a fit's (centred) passes
+        # (scripts/diag_exact_settings.py, 2026-12-04): re-checked 8.0 -> 3.4 % from random
+        # centroids, 34.5 -> 24.6 % after two iterations, Lloyd 3.73 -> 3.56 ms an iteration;
+        # N(0, 1) rows the same (0.1-0.3 %, times within noise, also at 32,768 x 256 once the
+        # centred bias came from the preparing launch). ``TORCHKM_CENTRED_OPERANDS=0``: raw rows.
         bound_args["CENTRED"] = (searched and half and offset is not None and bool(bound_args["DISTANCE_BOUND"])
-                                 and not self.traced and os.environ.get("TORCHKM_CENTRED_OPERANDS") == "1")
+                                 and not self.traced and os.environ.get("TORCHKM_CENTRED_OPERANDS", "1") != "0")
         # The eager exact search keeps its best three as packed keys (``_tile``, PACK_KEYS) for 16-bit
         # rows, whose centroids' rounding leaves far more room than the cleared bits take
         # (``TORCHKM_PACKED_KEYS=1``/``0``: also for fp32 rows / never, experiments and tests).

@@ -762,7 +762,9 @@ def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.T
 def centred_search_bias(c_mma: torch.Tensor, half_scale: torch.Tensor) -> torch.Tensor:
     """The search's bias for centred fp16 operands (``search(centred=True)``): ``||c~||^2`` in the
     products' s^2 units, c~ the centroids as the fp16 operand ``c_mma`` (-2 s c~) holds them, summed
-    in float64 as ``prepare_centroids`` sums its bias. Device ops only (no host sync: capturable)."""
+    in float64 as ``prepare_centroids`` sums its bias. The torch twin of
+    ``centroids.Prepared.bias_centred``, which the passes take (its launch computes it; these
+    device ops cost 20-30 us a pass at 32,768 x 256, H200, 2026-12-04)."""
     s = half_scale[0].double()
     hi = c_mma.double() * (-0.5 / s)
     return ((hi * hi).sum(1).float() * half_scale[0]) * half_scale[0]
@@ -816,7 +818,7 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     multiplied as fp16 operands; each program converts its row tile, times ``half_scale[0]``, as it
     loads it (any strides), ``c_mma`` and ``bias`` are the preparation's fp16 ones, and the record
     is in their units (``half_scale[0]^2`` times the scores'), packed as ``packed(x, k, half=True)``.
-    ``centred`` (with ``half_scale`` and ``offset``; experiments, ``TORCHKM_CENTRED_OPERANDS=1``):
+    ``centred`` (with ``half_scale`` and ``offset``; the exact passes' default, ``TORCHKM_CENTRED_OPERANDS=0`` off):
     each row tile is converted as (x - offset) s, so fp16 rounds a row by its centred norm, and
     ``bias`` is then ``||c~||^2`` alone (``centred_search_bias``), not ``||c~||^2 + 2 m.c~``. Call only where
     ``supported`` (with ``dtype=torch.float16`` for ``half_scale``). Under

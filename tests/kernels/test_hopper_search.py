@@ -659,6 +659,7 @@ def test_pair_candidates_name_fewer_with_the_same_labels(searched, monkeypatch):
     monkeypatch.setenv("TORCHKM_CANDIDATE_LISTS", "1")  # the plan, also for few rows
     monkeypatch.setenv("TORCHKM_PAIR_BOUND", "0")  # more rows deferred, so more to name candidates for
     monkeypatch.setenv("TORCHKM_NEIGHBOURS", "0")  # every deferred row re-scored, none by its winner's list
+    monkeypatch.setenv("TORCHKM_CENTRED_OPERANDS", "0")  # raw rows' rounding: more rows deferred
     x, c, mean = _over_split_rows(800, 128, 400, seed=11)
     results = {}
     for setting in ("0", "1"):
@@ -697,7 +698,7 @@ def test_kernel_pass_pair_floor_settles_over_split_rows(monkeypatch, dtype):
 
 
 def test_centred_operands_settle_more_rows_off_the_origin(searched, monkeypatch):
-    """``TORCHKM_CENTRED_OPERANDS=1`` (experiments): the search rounds fp32 rows as fp16 operands
+    """Centred operands (the default; ``TORCHKM_CENTRED_OPERANDS=0`` off): the search rounds fp32 rows as fp16 operands
     less the offset, (x - m) s, against ||c~||^2 alone, and the epilogue bounds their rounding by
     the centred norm. Over-split rows off the origin (median raw norm about twice the centred one):
     fewer rows re-searched, labels float64's but for ties, sums and counts float64's of the labels;
@@ -729,6 +730,24 @@ def test_centred_search_bias_is_the_rounded_centroids_norm():
     hi = c_mma.double() / (-2.0 * s)
     want = ((hi * hi).sum(1).float() * s) * s
     torch.testing.assert_close(hopper_search.centred_search_bias(c_mma, half_scale), want, rtol=0, atol=0)
+
+
+def test_prepare_centroids_emits_the_centred_bias():
+    """The passes take the centred bias from ``prepare_centroids``' launch (``bias_centred``, with
+    fp16 operands and an offset): ``centred_search_bias`` of its own operand, but for the last
+    rounding of a float64 sum taken in another order."""
+    from torchkm._kernels.centroids import amax_parts, prepare_centroids
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(61, 17, generator=g) * 4.0 + 9.0).to(DEVICE)
+    c = (torch.randn(23, 17, generator=g) * 4.0 + 9.0).to(DEVICE)
+    parts = torch.full((5,), float("nan"), device=DEVICE)
+    amax_parts(x, c, parts, 3)
+    got = prepare_centroids(c, x.mean(0), torch.float32, fast=True, split=False, exact=True, half_parts=parts)
+    torch.testing.assert_close(got.bias_centred, hopper_search.centred_search_bias(got.c_mma, got.half_scale),
+                               rtol=2.0**-23, atol=0)
+    no_offset = prepare_centroids(c, None, torch.float32, fast=True, split=False, exact=True, half_parts=parts)
+    assert no_offset.bias_centred is None
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")

@@ -23,7 +23,7 @@ import pytest
 
 # The outputs of each kernel (everything else it gets is read-only).
 WRITES = {
-    "_prepare_kernel": {"bias_ptr", "bias_exact_ptr", "c_mma_ptr", "c_lo_ptr", "c_exact_ptr", "c_norm_ptr",
+    "_prepare_kernel": {"bias_ptr", "bias_centred_ptr", "bias_exact_ptr", "c_mma_ptr", "c_lo_ptr", "c_exact_ptr", "c_norm_ptr",
                         "zero_f32_ptr", "zero_f64_ptr", "zero_i32_ptr", "control_ptr", "half_ptr"},
     "_amax_parts_kernel": {"out_ptr", "norm_ptr"},
     "_half_rows_kernel": {"out_ptr"},
