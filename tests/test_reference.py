@@ -85,6 +85,31 @@ def test_resident_rows_give_the_results_of_transforming_each_chunk(rng, monkeypa
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_labelled_sq_distances_are_the_assigned_rows_distances(rng, normalize, dtype):
+    """``_ops.labelled_sq_distances`` (what a fit relocating empty clusters ranks rows by): each
+    row's distance to the centroid it was given, directly as ``assign`` computes its winners' (the
+    same values for the same labels), for any labels, in memory and streamed in pieces."""
+    from torchkm import _ops
+    from torchkm._streaming import StreamedView
+
+    x = torch.from_numpy(rng.standard_normal((1003, 11)).astype(np.float32) + 5.0).to(dtype)
+    offset = x.double().mean(0).float()
+    c = torch.from_numpy(rng.standard_normal((23, 11)).astype(np.float32))
+    if normalize:
+        c = c / c.norm(dim=1, keepdim=True)
+    view = DataView(x, torch.float32, offset, normalize)
+    labels, sq = assign(view, c, chunk_size=97)
+    torch.testing.assert_close(_ops.labelled_sq_distances(view, c, labels.to(torch.int32)), sq, rtol=1e-6, atol=1e-6)
+    other = torch.from_numpy(rng.integers(0, 23, size=1003))
+    rows = view.transform(x)
+    want = ((rows.double() - c.double()[other]) ** 2).sum(1).float()
+    torch.testing.assert_close(_ops.labelled_sq_distances(view, c, other), want, rtol=1e-5, atol=1e-5)
+    streamed = StreamedView(x, torch.float32, offset, normalize, compute_device=torch.device("cpu"), chunk_rows=100)
+    torch.testing.assert_close(_ops.labelled_sq_distances(streamed, c, other), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("k", [1, 7, 1000])
 def test_update_sums_and_counts(rng, k, weighted):

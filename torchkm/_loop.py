@@ -617,13 +617,13 @@ def lloyd(
             # Where the device froze the rest of a block (see LloydEngine): this row is the last valid one.
             block_ends = engine is not None and (n_empty > 0 or changed_f == 0 or shift_f <= engine.tol_device)
             if n_empty:
+                labels_now = engine.labels if labels is None else labels
                 if sq is None:
                     # The bounds engine kept every row's distance to its centroid from the pass;
-                    # other engines take one more assignment.
+                    # for the others each row's distance to the centroid the pass gave it.
                     sq = getattr(engine, "sq_distances", None)
-                    sq = _ops.assign(data, old_c)[1] if sq is None else sq
-                _relocate_empty(data, engine.labels if labels is None else labels, sq, sums, counts, counts <= 0,
-                                sample_weight, comm)
+                    sq = _ops.labelled_sq_distances(data, old_c, labels_now) if sq is None else sq
+                _relocate_empty(data, labels_now, sq, sums, counts, counts <= 0, sample_weight, comm)
                 relocated = new_centroids(sums, counts, old_c, data.normalize)
                 shift_f = float(((relocated - old_c) ** 2).sum())
                 new_c = new_c.copy_(relocated) if engine is not None else relocated
