@@ -31,6 +31,25 @@ def test_assign_float64_is_exact(rng):
     np.testing.assert_allclose(sq.numpy(), ref.min(1), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_identical_centroids_tie_to_the_first_copy(rng, dtype):
+    """Copies of a centroid tie for every row: each row goes to the lowest index of its winner's
+    copies, though the GEMM may round the copies' columns differently (on the CPU, copies of two of
+    five centroids left one cluster empty, not two), and only copies count (near-copies do not)."""
+    from torchkm._reference import first_copies
+
+    x = torch.from_numpy(rng.standard_normal((1237, 5))).to(dtype)
+    base = torch.from_numpy(rng.standard_normal((3, 5))).to(dtype)
+    c = torch.cat([base, base[:2], base[2:] + 1e-3])  # 3 and 4 copy 0 and 1; 5 is near 2
+    labels, sq = assign(DataView(x, dtype), c)
+    assert set(labels.unique().tolist()) <= {0, 1, 2, 5} and not bool(((labels == 3) | (labels == 4)).any())
+    single, single_sq = assign(DataView(x, dtype), torch.cat([base, base[2:] + 1e-3]))
+    torch.testing.assert_close(labels, torch.where(single == 3, 5, single))
+    torch.testing.assert_close(sq, single_sq)
+    assert first_copies(base, torch.linalg.vecdot(base, base)) is None
+    assert first_copies(c, torch.linalg.vecdot(c, c)).tolist() == [0, 1, 2, 0, 1, 5]
+
+
 def test_assign_chunking_does_not_change_results(rng):
     x = torch.from_numpy(rng.standard_normal((1000, 9)).astype(np.float32))
     c = torch.from_numpy(rng.standard_normal((50, 9)).astype(np.float32))

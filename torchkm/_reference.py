@@ -137,6 +137,32 @@ def pairwise_sq_distances(rows: torch.Tensor, centroids: torch.Tensor, centroid_
     return dist.add_(row_sq_norms.unsqueeze(1)).clamp_min_(0.0)
 
 
+def first_copies(centroids: torch.Tensor, sq_norms: torch.Tensor) -> torch.Tensor | None:
+    """For each centroid the lowest index of a centroid identical to it, or None where all differ.
+
+    Identical centroids tie for every row, but a GEMM may round their columns differently (blocked
+    kernels treat the last columns apart): on the CPU, copies of two of five centroids lost only
+    one of their two clusters. Mapping each winner to its first copy keeps ties at the lowest
+    index. Identical rows have the same norm bit for bit, so rows of distinct norms need no
+    comparison (one sort of k values, the common case). None under ``torch.compile``, during a
+    CUDA graph's capture and for fake or meta tensors: the checks read values on the host, which
+    a traced or captured graph cannot (copies' ties there are the GEMM's)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    k = centroids.shape[0]
+    if (k < 2 or torch.compiler.is_compiling() or centroids.is_meta or is_fake(centroids)
+            or (centroids.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return None
+    ordered = torch.sort(sq_norms).values
+    if not bool((ordered[1:] == ordered[:-1]).any()):
+        return None
+    _, copy_of = torch.unique(centroids, dim=0, return_inverse=True)
+    index = torch.arange(k, device=centroids.device)
+    first = torch.full((k,), k, dtype=index.dtype, device=centroids.device)
+    first = first.scatter_reduce(0, copy_of, index, reduce="amin")[copy_of]
+    return None if bool((first == index).all()) else first
+
+
 def assign(data: DataView, centroids: torch.Tensor, chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of every row.
 
@@ -146,12 +172,15 @@ def assign(data: DataView, centroids: torch.Tensor, chunk_size: int | None = Non
     """
     c = centroids.to(data.dtype)
     c_sq = torch.linalg.vecdot(c, c)
+    first = first_copies(c, c_sq)
     labels = torch.empty(data.n_samples, dtype=torch.int64, device=data.device)
     sq_distances = torch.empty(data.n_samples, dtype=data.dtype, device=data.device)
     for start, stop, rows in data.chunks(c.shape[0], chunk_size):
         # argmin of ||c||^2 - 2 x.c: adding ||x||^2 afterwards cannot change the winner.
         scores = torch.addmm(c_sq.unsqueeze(0), rows, c.T, alpha=-2.0)
         idx = scores.argmin(dim=1)
+        if first is not None:
+            idx = first[idx]
         labels[start:stop] = idx
         # The expansion loses absolute precision when ||x|| is large; the winner's distance is
         # recomputed directly (O(n d)), so inertia is accurate to fp32 rounding of the difference.
