@@ -60,9 +60,8 @@ try:  # Gluon is experimental: its absence, or another API, leaves the tl.dot se
 except ImportError:  # pragma: no cover - depends on the installed Triton
     gluon = None
 
-__all__ = ["available", "centred_search_bias", "chunk_rows", "mode", "packed", "record_rows", "search",
-           "search_in_graph", "search_operands", "search_operands_reference", "search_reference", "supported", "traced",
-           "in_traced_passes"]
+__all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_in_graph", "search_operands",
+           "search_operands_reference", "search_reference", "supported", "traced", "in_traced_passes"]
 
 # Tile shapes: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16 per warp),
 # centroids its N; the row tile stays in shared memory beside the centroid stages; ``group``:
@@ -759,17 +758,6 @@ def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.T
     return out.to(dtype)
 
 
-def centred_search_bias(c_mma: torch.Tensor, half_scale: torch.Tensor) -> torch.Tensor:
-    """The search's bias for centred fp16 operands (``search(centred=True)``): ``||c~||^2`` in the
-    products' s^2 units, c~ the centroids as the fp16 operand ``c_mma`` (-2 s c~) holds them, summed
-    in float64 as ``prepare_centroids`` sums its bias. The torch twin of
-    ``centroids.Prepared.bias_centred``, which the passes take (its launch computes it; these
-    device ops cost 20-30 us a pass at 32,768 x 256, H200, 2026-12-04)."""
-    s = half_scale[0].double()
-    hi = c_mma.double() * (-0.5 / s)
-    return ((hi * hi).sum(1).float() * half_scale[0]) * half_scale[0]
-
-
 def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
                      control: torch.Tensor | None = None, half_scale: torch.Tensor | None = None,
                      offset: torch.Tensor | None = None, centred: bool = False) -> None:
@@ -820,7 +808,7 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     is in their units (``half_scale[0]^2`` times the scores'), packed as ``packed(x, k, half=True)``.
     ``centred`` (with ``half_scale`` and ``offset``; the exact passes' default, ``TORCHKM_CENTRED_OPERANDS=0`` off):
     each row tile is converted as (x - offset) s, so fp16 rounds a row by its centred norm, and
-    ``bias`` is then ``||c~||^2`` alone (``centred_search_bias``), not ``||c~||^2 + 2 m.c~``. Call only where
+    ``bias`` is then ``||c~||^2`` alone (``centroids.Prepared.bias_centred``), not ``||c~||^2 + 2 m.c~``. Call only where
     ``supported`` (with ``dtype=torch.float16`` for ``half_scale``). Under
     ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
     if out.dim() != 2 or out.shape[0] < record_rows(check) or out.shape[1] < x.shape[0] or out.stride(1) != 1:

@@ -719,23 +719,11 @@ def test_centred_operands_settle_more_rows_off_the_origin(searched, monkeypatch)
     assert int((labels_off != labels_on).sum()) <= 2  # both float64's but for ties (checked above)
 
 
-def test_centred_search_bias_is_the_rounded_centroids_norm():
-    """``centred_search_bias``: ||c~||^2 of the fp16 operand's centroids, in the products' s^2 units,
-    as ``prepare_centroids`` sums its own bias (float64, then float32, then scaled)."""
-    g = torch.Generator().manual_seed(3)
-    c = (torch.randn(37, 24, generator=g) * 3.0).to(DEVICE)
-    s = 2.0**5
-    c_mma = (c * (-2.0 * s)).half()
-    half_scale = torch.tensor([s, 1.0 / s / s, 0.0], device=DEVICE)
-    hi = c_mma.double() / (-2.0 * s)
-    want = ((hi * hi).sum(1).float() * s) * s
-    torch.testing.assert_close(hopper_search.centred_search_bias(c_mma, half_scale), want, rtol=0, atol=0)
-
-
 def test_prepare_centroids_emits_the_centred_bias():
-    """The passes take the centred bias from ``prepare_centroids``' launch (``bias_centred``, with
-    fp16 operands and an offset): ``centred_search_bias`` of its own operand, but for the last
-    rounding of a float64 sum taken in another order."""
+    """The passes take the centred search's bias from ``prepare_centroids``' launch
+    (``bias_centred``, with fp16 operands and an offset): ||c~||^2 of its own fp16 operand's
+    centroids (``c_mma`` holds -2 s c~), in the products' s^2 units, summed in float64 as it sums
+    its own bias (then float32, then scaled); the last rounding may differ with the sum's order."""
     from torchkm._kernels.centroids import amax_parts, prepare_centroids
 
     g = torch.Generator().manual_seed(5)
@@ -744,8 +732,10 @@ def test_prepare_centroids_emits_the_centred_bias():
     parts = torch.full((5,), float("nan"), device=DEVICE)
     amax_parts(x, c, parts, 3)
     got = prepare_centroids(c, x.mean(0), torch.float32, fast=True, split=False, exact=True, half_parts=parts)
-    torch.testing.assert_close(got.bias_centred, hopper_search.centred_search_bias(got.c_mma, got.half_scale),
-                               rtol=2.0**-23, atol=0)
+    s = float(got.half_scale[0])
+    hi = got.c_mma.double() / (-2.0 * s)
+    want = ((hi * hi).sum(1).float() * s) * s
+    torch.testing.assert_close(got.bias_centred, want, rtol=2.0**-23, atol=0)
     no_offset = prepare_centroids(c, None, torch.float32, fast=True, split=False, exact=True, half_parts=parts)
     assert no_offset.bias_centred is None
 
