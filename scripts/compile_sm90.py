@@ -190,6 +190,8 @@ def main():
                 if half:
                     compile_hopper_search(n, d, k, dt, check, half, centred=True)
     D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))
+    for d, dt in ((128, torch.float32), (256, torch.bfloat16), (768, torch.float32), (3, torch.float32)):
+        D.labelled_sq_distances(torch.empty(2, d, dtype=dt), torch.randn(3, d), torch.zeros(2, dtype=torch.int32))
     # The box engine (algorithm="pruned" at d <= 8): 2 stand-in rows, 2 tiles.
     for d, k in ((1, 32), (2, 32), (3, 100), (8, 7)):
         B.curve_keys(torch.empty(2, d), torch.zeros(d), lo=torch.zeros(d), inv=torch.ones(d))

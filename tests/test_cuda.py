@@ -110,6 +110,33 @@ def test_cuda_graph_iterations_relocate_empty_clusters(monkeypatch):
     assert graphed.inertia == pytest.approx(plain.inertia, rel=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_cuda_labelled_sq_distances_are_one_launch_of_the_float64_values(dtype, normalize):
+    """What a relocating fit ranks rows by, on the kernels: one launch (not chunked torch ops),
+    equal to float64 distances of the rows as the fit transforms them, for int32 and int64 labels."""
+    from torchkm import _ops
+    from torchkm._reference import DataView
+
+    g = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,))))
+    x = (torch.randn(100_003, 129, device="cuda", generator=g) + 3).to(dtype)
+    c = torch.randn(1000, 129, device="cuda", generator=g)
+    offset = None if normalize else x.double().mean(0).float()
+    if normalize:
+        c = c / c.norm(dim=1, keepdim=True)
+    view = DataView(x, torch.float32, offset, normalize)
+    assert _ops.uses_kernels(view)
+    labels = torch.randint(0, 1000, (x.shape[0],), device="cuda", generator=g)
+    rows = x.double() - offset.double() if offset is not None else x.double()
+    if normalize:
+        rows = rows / rows.norm(dim=1, keepdim=True)
+    want = ((rows - c.double()[labels]) ** 2).sum(1)
+    for lab in (labels, labels.int()):
+        got = _ops.labelled_sq_distances(view, c, lab)
+        assert got.dtype == torch.float32 and got.is_cuda
+        torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=1e-6)
+
+
 def test_cuda_graphs_dropped_during_a_callers_capture_wait_for_it(x_cpu):
     """A fit's engines hold their CUDA graphs in reference cycles, so the garbage collector may free
     them inside the caller's own capture (here: a fit's rows, with the workspace kept for them, and

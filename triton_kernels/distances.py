@@ -1,8 +1,12 @@
-"""Squared distances of every row to a few points, computed from the differences (no expansion).
+"""Squared distances computed from the differences (no expansion).
 
-k-means++ adds one centroid at a time and needs, for a handful of candidates, the distance of
-every row to each: an (n, m) output with m small. One program reads BLOCK_N rows (once from
-memory, then from cache for each point) and writes their m distances.
+``sq_distances``: k-means++ adds one centroid at a time and needs, for a handful of candidates,
+the distance of every row to each: an (n, m) output with m small. One program reads BLOCK_N rows
+(once from memory, then from cache for each point) and writes their m distances.
+
+``labelled_sq_distances``: each row's distance to the one centroid a label names, which a fit
+relocating empty clusters ranks rows by. One read of the rows; the centroid rows it gathers stay
+in cache.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import triton.language as tl
 
 from ._common import launcher, transform_rows
 
-__all__ = ["sq_distances", "sq_distances_reference"]
+__all__ = ["labelled_sq_distances", "labelled_sq_distances_reference", "sq_distances", "sq_distances_reference"]
 
 
 @triton.jit
@@ -37,6 +41,74 @@ def _sq_distances_kernel(
             diff = tl.where(dim_mask[None, :], xr - p[None, :], 0.0)
             acc += tl.sum(diff * diff, axis=1)
         tl.store(out_ptr + rows * m + j, acc, mask=row_mask)
+
+
+@triton.jit
+def _labelled_sq_distances_kernel(
+    x_ptr, c_ptr, labels_ptr, offset_ptr, scale_ptr, out_ptr,
+    n, d, stride_xn, stride_xd,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0) if HAS_SCALE else row_mask.to(tl.float32)
+    own = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for d0 in range(0, d, BLOCK_D):
+        dims = d0 + tl.arange(0, BLOCK_D)
+        dim_mask = dims < d
+        tile_mask = row_mask[:, None] & dim_mask[None, :]
+        xr = transform_rows(
+            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=tile_mask, other=0.0),
+            row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
+        c = tl.load(c_ptr + own[:, None] * d + dims[None, :], mask=tile_mask, other=0.0)
+        diff = xr - c
+        acc += tl.sum(diff * diff, axis=1)
+    tl.store(out_ptr + rows, acc, mask=row_mask)
+
+
+def labelled_sq_distances(
+    x: torch.Tensor,
+    centroids: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(n,) float32 ``||(x_i - offset) * row_scale_i - centroids[labels_i]||^2``.
+
+    ``labels`` int32 or int64, each in ``[0, k)`` (not checked: a wrong label reads out of bounds).
+    """
+    if x.dim() != 2 or centroids.dim() != 2 or x.shape[1] != centroids.shape[1]:
+        raise ValueError(f"expected x (n, d) and centroids (k, d), got {tuple(x.shape)} and {tuple(centroids.shape)}")
+    if labels.shape != (x.shape[0],):
+        raise ValueError(f"expected labels ({x.shape[0]},), got {tuple(labels.shape)}")
+    n, d = x.shape
+    c = centroids.to(torch.float32).contiguous()
+    out = torch.empty(n, dtype=torch.float32, device=x.device)
+    if n == 0:
+        return out
+    block_d = min(128, max(16, triton.next_power_of_2(d)))
+    # About 8K elements a program: a whole row block of d = 128 in one step, fewer rows for wide d.
+    block_n = max(16, min(128, 8192 // block_d))
+    launcher(_labelled_sq_distances_kernel)[(triton.cdiv(n, block_n),)](
+        x, c, labels.contiguous(),
+        offset.to(torch.float32).contiguous() if offset is not None else c,
+        row_scale if row_scale is not None else c,
+        out, n, d, x.stride(0), x.stride(1),
+        BLOCK_N=block_n, BLOCK_D=block_d, HAS_OFFSET=offset is not None, HAS_SCALE=row_scale is not None,
+    )
+    return out
+
+
+def labelled_sq_distances_reference(x, centroids, labels, *, offset=None, row_scale=None) -> torch.Tensor:
+    """Pure-torch reference (float64, returned as float32)."""
+    rows = x.double()
+    if offset is not None:
+        rows = rows - offset.double()
+    if row_scale is not None:
+        rows = rows * row_scale.double()[:, None]
+    return ((rows - centroids.double()[labels.long()]) ** 2).sum(-1).float()
 
 
 def sq_distances(
