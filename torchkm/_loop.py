@@ -162,22 +162,18 @@ def _relocate_empty(
     far_scores = sq_distances if sample_weight is None else torch.where(sample_weight > 0, sq_distances, -1.0)
     scores, far = torch.topk(far_scores, min(empty_ids.numel(), far_scores.numel()))
     rows = data.take(far).to(sums.dtype)
-    w = None if sample_weight is None else sample_weight[far].to(sums.dtype)
+    w = torch.ones(far.numel(), dtype=sums.dtype, device=sums.device) if sample_weight is None else sample_weight[far].to(sums.dtype)
     old = labels[far]
     if comm.active:
-        w = torch.ones(far.numel(), dtype=sums.dtype, device=sums.device) if w is None else w
         scores = comm.gather_rows(scores.to(sums.dtype))
         rows, w, old = comm.gather_rows(rows), comm.gather_rows(w), comm.gather_rows(old.long())
         pick = torch.topk(scores, empty_ids.numel()).indices
         rows, w, old = rows[pick], w[pick], old[pick]
-    # Each op here is a launch the host waits out between two blocks of the fit (about 25 us each
-    # on an H200): unit weights skip their products.
-    weighted_rows = rows if w is None else rows * w.unsqueeze(1)
-    moved = torch.ones(old.numel(), dtype=sums.dtype, device=sums.device) if w is None else w
-    sums.index_add_(0, old, weighted_rows, alpha=-1)
-    counts.index_add_(0, old, moved, alpha=-1)
-    sums.index_copy_(0, empty_ids, weighted_rows)
-    counts.index_copy_(0, empty_ids, moved)
+    weighted_rows = rows * w.unsqueeze(1)
+    sums.index_add_(0, old, -weighted_rows)
+    counts.index_add_(0, old, -w)
+    sums[empty_ids] = weighted_rows
+    counts[empty_ids] = w
 
 
 def new_centroids(sums: torch.Tensor, counts: torch.Tensor, old: torch.Tensor, normalize: bool) -> torch.Tensor:
