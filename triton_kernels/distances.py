@@ -104,13 +104,19 @@ def labelled_sq_distances(
     return out
 
 
-def labelled_sq_distances_reference(x, centroids, labels, *, offset=None, row_scale=None) -> torch.Tensor:
-    """Pure-torch reference (float64, returned as float32)."""
+def _rows_reference(x, offset, row_scale) -> torch.Tensor:
+    """The rows as the kernels transform them, ``(x - offset) * row_scale``, in float64."""
     rows = x.double()
     if offset is not None:
         rows = rows - offset.double()
     if row_scale is not None:
         rows = rows * row_scale.double()[:, None]
+    return rows
+
+
+def labelled_sq_distances_reference(x, centroids, labels, *, offset=None, row_scale=None) -> torch.Tensor:
+    """Pure-torch reference (float64, returned as float32)."""
+    rows = _rows_reference(x, offset, row_scale)
     return ((rows - centroids.double()[labels.long()]) ** 2).sum(-1).float()
 
 
@@ -144,9 +150,5 @@ def sq_distances(
 
 def sq_distances_reference(x, points, *, offset=None, row_scale=None) -> torch.Tensor:
     """Pure-torch reference (float64, returned as float32)."""
-    rows = x.double()
-    if offset is not None:
-        rows = rows - offset.double()
-    if row_scale is not None:
-        rows = rows * row_scale.double()[:, None]
+    rows = _rows_reference(x, offset, row_scale)
     return ((rows[:, None, :] - points.double()[None, :, :]) ** 2).sum(-1).float()
