@@ -24,7 +24,11 @@ def test_bench_prune_run_on_cpu() -> None:
     assert out.labels.shape == (999,) and ms > 0
     data, offset = bench_lloyd.centred_view(x)
     torch.testing.assert_close(offset, x.double().mean(0).float(), rtol=0, atol=1e-6)
-    assert bench_lloyd.default_tol(data) > 0
+    tol, tol_ms = bench_prune.fit_tol(x)
+    assert tol == bench_lloyd.default_tol(data) > 0 and tol_ms > 0
+    # A tol given (main's, computed once per workload) is the one the fit stops by.
+    never, _ = bench_prune.run(x, c0, "lloyd", 20, tol=-1.0)
+    assert never.n_iter >= out.n_iter and not (never.converged and never.history[-1].labels_changed)
 
 
 def test_bench_lloyd_torchkm_lloyd_on_cpu() -> None:
