@@ -32,6 +32,24 @@ def x_and_init():
     return x, x[first].clone()
 
 
+@pytest.mark.parametrize("algorithm", ["lloyd", "pruned"])
+def test_cuda_fit_takes_features_that_require_grad(x_cpu, algorithm):
+    """A CUDA fit of features that require grad (through the kernels, their CUDA graphs and the
+    moments pass) runs, returns nothing that requires grad, and its labels and inertia are those of
+    its own centroids. (Two runs' atomic sums may part them, so it is not compared with a run of
+    the detached rows: the CPU test does that.)"""
+    x = x_cpu.cuda().requires_grad_()
+    rows = x_cpu.numpy()
+    for init in ("k-means++", "k-means||"):
+        got = torchkm.fit(x, 40, random_state=0, algorithm=algorithm, init=init)
+        assert not got.centroids.requires_grad and not got.labels.requires_grad
+        c = got.centroids.cpu().numpy()
+        dist = f64_sq_distances(rows, c)
+        assert_labels_match_except_near_ties(rows, c, got.labels.cpu().numpy(), dist.argmin(1))
+        np.testing.assert_allclose(got.inertia, dist.min(1).sum(), rtol=1e-4)
+    assert x.grad is None
+
+
 def test_results_stay_on_the_input_device(x_cpu):
     x = x_cpu.cuda()
     r = torchkm.fit(x, 40, random_state=0)

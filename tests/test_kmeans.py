@@ -169,6 +169,32 @@ def test_numpy_input_and_noncontiguous_views(data):
     assert torch.equal(torchkm.fit(transposed, 6, random_state=0).labels, b.labels)
 
 
+@pytest.mark.parametrize("engine", ["torch", "kernels"])
+def test_fit_takes_features_that_require_grad(rng, engine, monkeypatch):
+    """Features straight out of a model require grad: the fit (not differentiable) takes them, as
+    well as weights and initial centroids that do, returns nothing that does, and gives the labels
+    of the same values detached. It had failed in k-means++ (``minimum(out=...)`` under autograd)."""
+    if engine == "kernels":
+        monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    x = torch.from_numpy(blobs(rng, 301, 7, 5)).requires_grad_()
+    w = torch.rand(301, generator=torch.Generator().manual_seed(0)).add_(0.5).requires_grad_()
+    init = x[:5].detach().clone().requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kwargs in ({}, {"sample_weight": w}, {"init": init}):
+            got = torchkm.fit(x, 5, random_state=0, **kwargs)
+            detached = {key: value.detach() for key, value in kwargs.items()}
+            want = torchkm.fit(x.detach(), 5, random_state=0, **detached)
+            assert not got.centroids.requires_grad and not got.labels.requires_grad
+            assert torch.equal(got.labels, want.labels) and torch.equal(got.centroids, want.centroids)
+            assert got.inertia == want.inertia
+        km = torchkm.KMeans(5, random_state=0)
+        plain = torchkm.fit(x.detach(), 5, random_state=0)
+        assert torch.equal(km.fit_predict(x), plain.labels) and not km.cluster_centers_.requires_grad
+        assert isinstance(km.score(x, sample_weight=w), float)
+    assert x.grad is None and w.grad is None
+
+
 def test_state_dict_round_trip_into_a_fresh_module(data):
     km = torchkm.KMeans(6, random_state=0).fit(data)
     buffer = io.BytesIO()

@@ -935,6 +935,7 @@ def _subsample(data: DataView, sample_weight: torch.Tensor | None, size: int, n_
     return DataView(rows, data.dtype, data.offset, data.normalize, data.precision), w
 
 
+@torch.no_grad()
 @_ops.eager_launches
 def fit(
     x: Any,
@@ -965,7 +966,9 @@ def fit(
     included); ``x`` is a (n_samples, n_features) float tensor on any device, or a numpy array (a
     memory-mapped ``.npy`` too). Runs ``n_init`` fits and returns the one of lowest inertia,
     centroids in the input's space, on the device the fit computed on; labels stay with the rows
-    (on the host for streamed data; this rank's shard's labels for a distributed fit). A fit on
+    (on the host for streamed data; this rank's shard's labels for a distributed fit). Fitting is
+    not differentiable: ``x``, ``sample_weight`` and ``init`` may require grad (features straight
+    out of a model), and nothing the fit returns does. A fit on
     the kernels of at most 2^22 rows keeps its engines (buffers, CUDA graphs) while ``x`` lives,
     unchanged, so that the next fit of ``x`` skips their set-up (:func:`torchkm.empty_cache`
     frees them; ``TORCHKM_REUSE_ENGINES=0`` turns this off).

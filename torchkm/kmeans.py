@@ -347,6 +347,7 @@ class KMeans(nn.Module):
         """(n_samples, n_clusters) distances to every centroid: Euclidean (not squared), or ``1 - cos``."""
         return F.transform(self._checked(x), self.centroids, metric=self.metric)
 
+    @torch.no_grad()
     def score(self, x: Any, sample_weight: Any = None) -> float:
         """Opposite of the (weighted) inertia of ``x`` against the fitted centroids: higher is better."""
         x = self._checked(x)
