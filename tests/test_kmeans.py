@@ -77,6 +77,24 @@ def test_n_init_keeps_the_best_run(rng):
     assert best.inertia == pytest.approx(min(best.inertia, *singles), rel=0.05)
 
 
+def test_n_init_auto_and_numpy_random_states_as_scikit_learn_takes_them(data):
+    # n_init="auto": one run from a spreading seeding or given centroids, ten from random rows.
+    assert torchkm.KMeans(6, n_init="auto").n_init == 1
+    assert torchkm.KMeans(6, init="random", n_init="auto").n_init == 10
+    assert torchkm.KMeans(6, init=data[:6], n_init="auto").n_init == 1
+    auto = torchkm.fit(data, 6, init="random", n_init="auto", random_state=0)
+    ten = torchkm.fit(data, 6, init="random", n_init=10, random_state=0)
+    assert torch.equal(auto.centroids, ten.centroids)
+    # A numpy RandomState or Generator seeds the fit, and is advanced by it, as scikit-learn's are.
+    for make in (np.random.RandomState, np.random.default_rng):
+        a, b = make(4), make(4)
+        first = torchkm.fit(data, 6, random_state=a)
+        assert torch.equal(first.centroids, torchkm.fit(data, 6, random_state=b).centroids)
+        assert torch.equal(torchkm.fit(data, 6, random_state=a).centroids, torchkm.fit(data, 6, random_state=b).centroids)
+        draw = (lambda r: r.randint(1 << 30)) if make is np.random.RandomState else (lambda r: r.integers(1 << 30))
+        assert draw(a) != draw(make(4))  # ``a`` moved on by its two fits
+
+
 @pytest.mark.parametrize("init", ["k-means++", "random"])
 def test_init_methods_and_given_centroids(data, init):
     r = torchkm.fit(data, 6, init=init, random_state=0)

@@ -38,6 +38,16 @@ def test_pipeline_grid_search_and_clone():
     assert params["n_clusters"] == 7 and params["metric"] == "cosine"
 
 
+def test_n_init_defaults_to_auto_as_scikit_learns():
+    # Modern scikit-learn code passes n_init="auto" (its default): a drop-in must take it.
+    x = load_digits().data
+    assert KMeans().get_params()["n_init"] == SkKMeans().get_params()["n_init"] == "auto"
+    once = KMeans(10, n_init="auto", random_state=0, device="cpu").fit(x)
+    assert once.inertia_ == KMeans(10, n_init=1, random_state=0, device="cpu").fit(x).inertia_
+    rand = KMeans(10, init="random", n_init="auto", random_state=0, device="cpu").fit(x)
+    assert rand.inertia_ == KMeans(10, init="random", n_init=10, random_state=0, device="cpu").fit(x).inertia_
+
+
 def test_matches_scikit_learn_from_the_same_init():
     x = load_digits().data
     init = x[:10]

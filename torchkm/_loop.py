@@ -38,7 +38,7 @@ from .init import kmeans_parallel, kmeans_plusplus, random_rows, sample_shard
 logger = logging.getLogger("torchkm")
 
 InitLike = Union[str, torch.Tensor, np.ndarray, Callable[..., Any]]
-SeedLike = Union[int, torch.Generator, None]
+SeedLike = Union[int, torch.Generator, np.random.RandomState, np.random.Generator, None]
 
 METRICS = ("euclidean", "cosine")
 INIT_NAMES = ("auto", "k-means++", "random", "k-means||")
@@ -121,10 +121,14 @@ def _metric_distance(sq_distances: torch.Tensor, normalize: bool) -> torch.Tenso
 
 
 def make_generator(random_state: SeedLike, comm: Comm | None = None) -> torch.Generator:
-    """A CPU generator: from an int seed, a torch.Generator's stream, or torch's global RNG for None.
-    With ``comm``, rank 0's seed on every rank."""
+    """A CPU generator: from an int seed, a torch.Generator's or numpy random state's stream (each
+    advanced by one draw), or torch's global RNG for None. With ``comm``, rank 0's seed on every rank."""
     if isinstance(random_state, torch.Generator):
         seed = int(torch.randint(0, 2**62, (1,), generator=random_state))
+    elif isinstance(random_state, np.random.RandomState):
+        seed = int(random_state.randint(0, 2**62, dtype=np.int64))
+    elif isinstance(random_state, np.random.Generator):
+        seed = int(random_state.integers(0, 2**62))
     elif random_state is None:
         # Draw from torch's global RNG so that torch.manual_seed(...) makes fits reproducible.
         seed = int(torch.randint(0, 2**62, (1,)))
@@ -133,7 +137,8 @@ def make_generator(random_state: SeedLike, comm: Comm | None = None) -> torch.Ge
         if seed < 0:
             raise ValueError(f"random_state must be >= 0, got {seed}")
     else:
-        raise TypeError(f"random_state must be None, an int or a torch.Generator, got {random_state!r}")
+        raise TypeError("random_state must be None, an int, a torch.Generator or a numpy RandomState or Generator, "
+                        f"got {random_state!r}")
     if comm is not None:
         seed = comm.same_seed(seed)
     gen = torch.Generator(device="cpu")
@@ -887,6 +892,12 @@ def check_params(
     n_clusters: Any, init: Any, n_init: Any, max_iter: Any, tol: Any, metric: Any
 ) -> tuple[int, int, int, float]:
     n_clusters = check_n_clusters(n_clusters)
+    if isinstance(n_init, str):
+        if n_init != "auto":
+            raise TypeError(f"n_init must be an int or 'auto', got {n_init!r}")
+        # scikit-learn's rule: one run from a seeding that spreads the centroids (or given ones),
+        # ten from random rows or a callable.
+        n_init = 10 if (isinstance(init, str) and init == "random") or callable(init) else 1
     n_init = check_positive_int(n_init, "n_init")
     max_iter = check_positive_int(max_iter, "max_iter")
     tol = check_nonnegative_float(tol, "tol")
@@ -942,7 +953,7 @@ def fit(
     n_clusters: int,
     *,
     init: InitLike = "auto",
-    n_init: int = 1,
+    n_init: int | str = 1,
     max_iter: int = 300,
     tol: float = 1e-4,
     metric: str = "euclidean",

@@ -45,13 +45,15 @@ class KMeans(nn.Module):
             where k-means++'s one pass per centroid is slow); a (n_clusters, n_features) tensor or
             array of initial centroids, or a callable ``init(x, n_clusters, seed) -> centroids``.
         n_init: number of runs from different initialisations; the one of lowest inertia is kept.
+            ``"auto"``: scikit-learn's rule, 10 runs for ``init="random"`` or a callable, else 1.
         max_iter: maximum Lloyd iterations per run.
         tol: convergence threshold on the total squared centroid shift, relative to the mean
             per-feature variance of the data (scikit-learn's convention). A run also stops when
             no label changes.
         metric: ``"euclidean"`` (squared Euclidean k-means) or ``"cosine"`` (spherical k-means:
             rows and centroids are L2-normalised; distances are ``1 - cos``).
-        random_state: int seed, ``torch.Generator``, or None to draw from torch's global RNG
+        random_state: int seed, ``torch.Generator``, numpy ``RandomState`` or ``Generator`` (each
+            advanced by one draw per fit), or None to draw from torch's global RNG
             (so ``torch.manual_seed`` makes fits reproducible). Same seed, same device, same
             result.
         precision: how CUDA kernels compute distances. ``"exact"`` (default): the labels of an fp32
@@ -133,7 +135,7 @@ class KMeans(nn.Module):
         n_clusters: int = 8,
         *,
         init: InitLike = "auto",
-        n_init: int = 1,
+        n_init: int | str = 1,
         max_iter: int = 300,
         tol: float = 1e-4,
         metric: str = "euclidean",

@@ -36,8 +36,8 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
 
     Args:
         n_clusters, init, n_init, max_iter, tol, random_state: as in ``sklearn.cluster.KMeans``
-            (``random_state`` also takes a ``numpy.random.RandomState``). ``n_init`` defaults to 1,
-            as scikit-learn's ``"auto"`` does for k-means++.
+            (``random_state`` also takes a ``numpy.random.RandomState``). ``n_init="auto"`` (the
+            default, as scikit-learn's) runs once, or 10 times for ``init="random"`` or a callable.
         metric: ``"euclidean"`` or ``"cosine"`` (spherical k-means), see :class:`torchkm.KMeans`.
         algorithm: ``"auto"`` (default), ``"lloyd"``, ``"pruned"`` or ``"triangle"``, see
             :class:`torchkm.KMeans`; scikit-learn's ``"elkan"`` (bounds from the triangle
@@ -56,7 +56,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
         n_clusters: int = 8,
         *,
         init: Any = "k-means++",
-        n_init: int = 1,
+        n_init: int | str = "auto",
         max_iter: int = 300,
         tol: float = 1e-4,
         metric: str = "euclidean",
