@@ -75,6 +75,19 @@ def test_bad_parameters(kwargs, error, match):
         torchkm.fit(X, 2, **kwargs)
 
 
+def test_device_names_and_missing_gpus_get_clear_errors():
+    with pytest.raises(ValueError, match="device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu'"):
+        torchkm.fit(X, 2, device="gpu")
+    if torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match=r"device='cuda:\d+', but only \d+ CUDA device\(s\) are visible"):
+            torchkm.fit(X, 2, device=f"cuda:{torch.cuda.device_count()}")
+        return
+    # torch's own error here is an AssertionError from the first copy to the GPU.
+    for fit in (lambda: torchkm.fit(X, 2, device="cuda"), lambda: torchkm.KMeans(2, device="cuda:0").fit(X)):
+        with pytest.raises(RuntimeError, match=r"device='cuda(:0)?' needs a CUDA GPU; this torch .* Pass device='cpu'"):
+            fit()
+
+
 def test_module_parameters_are_checked_at_construction():
     with pytest.raises(ValueError, match="n_clusters must be >= 1"):
         torchkm.KMeans(0)

@@ -24,6 +24,7 @@ from ._streaming import StreamedView, default_chunk_rows, fits_on_device
 from ._validation import (
     as_data_tensor,
     check_centroids,
+    check_device,
     check_n_clusters,
     check_nonnegative_float,
     check_nonzero_rows,
@@ -1008,7 +1009,7 @@ def fit(
         # Host data that may be streamed is not copied (a memory map stays a memory map) nor read
         # whole here; its values are checked on the way through.
         x = as_data_tensor(x, "x", check_finite=False, copy_readonly=False)
-        target = x.device if device is None else torch.device(device)
+        target = x.device if device is None else check_device(device)
         stream_to = target if _streams(x, target, streaming) else None
         if stream_to is None:
             x = x.to(target)

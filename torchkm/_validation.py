@@ -223,6 +223,23 @@ def check_same_device(x: torch.Tensor, other: torch.Tensor, what: str = "the cen
         )
 
 
+def check_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device``; a CUDA device where torch has none gets an error that says so
+    (torch's own is an ``AssertionError`` from deep inside the first copy)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got {device!r}") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no GPU is visible"
+            raise RuntimeError(f"device={str(device)!r} needs a CUDA GPU; this torch {torch.__version__} is {build}. "
+                               "Pass device='cpu', or leave device=None to compute where the data lies")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise RuntimeError(f"device={str(device)!r}, but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
+
+
 PRECISIONS = ("exact", "fast")
 
 

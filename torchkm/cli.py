@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._validation import check_device
 from .functional import assign, fit
 
 __all__ = ["main", "read_vectors"]
@@ -50,7 +51,7 @@ def read_vectors(path: str | Path) -> np.ndarray:
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    return check_device(name)
 
 
 def _load(path: str, device: torch.device) -> torch.Tensor:

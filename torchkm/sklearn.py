@@ -25,6 +25,7 @@ from sklearn.utils.validation import (
 )
 
 from ._loop import fit as _fit
+from ._validation import check_device
 from .functional import assign as _assign
 from .functional import transform as _transform
 
@@ -79,7 +80,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
     def _device(self) -> torch.device:
         if self.device is None:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        return check_device(self.device)
 
     def _tensor(self, X: np.ndarray) -> torch.Tensor:
         X = np.ascontiguousarray(X)
