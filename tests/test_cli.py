@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers import blobs
 from torchkm.cli import main, read_vectors
@@ -50,6 +51,25 @@ def test_errors_are_one_line_messages(tmp_path, capsys):
     assert "unsupported file type '.txt'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["fit"])
+    with pytest.raises(SystemExit):
+        main(["fit", str(tmp_path / "x.npy"), "-k", "1", "--n-init", "best"])
+    assert "invalid int_or_auto value: 'best'" in capsys.readouterr().err
+    if not torch.cuda.is_available():  # a GPU the machine lacks is a usage error, not a traceback
+        assert main(["fit", str(tmp_path / "x.npy"), "-k", "1", "--device", "cuda"]) == 2
+        assert "device='cuda' needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_n_init_auto_as_scikit_learns(tmp_path, rng, capsys):
+    np.save(tmp_path / "x.npy", blobs(rng, 300, 3, 4))
+    runs = {}
+    for n_init in ("auto", "10"):
+        c_path = tmp_path / f"c{n_init}.npy"
+        args = ["fit", str(tmp_path / "x.npy"), "-k", "4", "--init", "random", "--n-init", n_init, "--device", "cpu",
+                "--centroids", str(c_path), "--no-progress"]
+        assert main(args) == 0
+        runs[n_init] = json.loads(capsys.readouterr().out)["inertia"], np.load(c_path)
+    assert runs["auto"][0] == runs["10"][0]
+    np.testing.assert_array_equal(runs["auto"][1], runs["10"][1])
 
 
 def test_distributed_fit_under_torchrun_writes_one_labels_file(tmp_path, rng):

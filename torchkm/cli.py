@@ -51,7 +51,15 @@ def read_vectors(path: str | Path) -> np.ndarray:
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return check_device(name)
+    try:
+        return check_device(name)
+    except RuntimeError as err:  # a GPU this machine lacks: a usage error here, not a crash
+        raise ValueError(str(err).replace("Pass device='cpu', or leave device=None to compute where the data lies",
+                                          "Pass --device cpu or --device auto")) from err
+
+
+def int_or_auto(value: str) -> int | str:
+    return value if value == "auto" else int(value)
 
 
 def _load(path: str, device: torch.device) -> torch.Tensor:
@@ -72,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", default=None, help="where to write the (n,) int64 labels (.npy); omitted if not given")
     p.add_argument("--init", default="auto", choices=["auto", "k-means++", "random", "k-means||"],
                    help="auto (default): k-means|| for many clusters over many rows, greedy k-means++ otherwise")
-    p.add_argument("--n-init", type=int, default=1)
+    p.add_argument("--n-init", type=int_or_auto, default=1,
+                   help="runs from different seeds, the best kept (default 1); auto: 10 for --init random, else 1")
     p.add_argument("--max-iter", type=int, default=300)
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--metric", default="euclidean", choices=["euclidean", "cosine"])
