@@ -213,6 +213,20 @@ def test_fit_takes_features_that_require_grad(rng, engine, monkeypatch):
     assert x.grad is None and w.grad is None
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("engine", ["torch", "kernels"])
+def test_distances_overflowing_float32_are_an_error_not_collapsed_clusters(rng, engine, monkeypatch):
+    """Finite rows spread beyond about 1e19 overflow float32 squared distances: the fit had run all
+    its iterations and returned one or two clusters with a warning about duplicate rows."""
+    if engine == "kernels":
+        monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    x = torch.from_numpy(blobs(rng, 301, 5, 4)) * 1e20
+    with pytest.raises(ValueError, match=r"squared distances to their centroids overflow torch.float32 \(inertia (inf|nan)\)"):
+        torchkm.fit(x, 4, random_state=0)
+    wide = torchkm.fit(x.double(), 4, random_state=0)
+    assert np.isfinite(wide.inertia) and len(torch.unique(wide.labels)) == 4
+
+
 def test_state_dict_round_trip_into_a_fresh_module(data):
     km = torchkm.KMeans(6, random_state=0).fit(data)
     buffer = io.BytesIO()

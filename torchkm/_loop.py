@@ -147,6 +147,11 @@ def make_generator(random_state: SeedLike, comm: Comm | None = None) -> torch.Ge
     return gen
 
 
+def _overflow_scale(data: DataView) -> float:
+    """About where a row's centred values make squared distances of ``data.dtype`` overflow."""
+    return math.sqrt(torch.finfo(data.dtype).max / max(1, data.n_features)) / 2
+
+
 def _relocate_empty(
     data: DataView,
     labels: torch.Tensor,
@@ -613,6 +618,13 @@ def lloyd(
         seconds = (time.perf_counter() - t0) / len(rows)
         switch_to = None
         for row, ((inertia_f, shift_f, changed_f, empty_f), info) in enumerate(zip(rows, infos)):
+            if not math.isfinite(inertia_f):
+                # The rows are finite (checked), so their distances overflowed the compute dtype:
+                # every later step would be meaningless (labels collapse onto a few clusters).
+                raise ValueError(
+                    f"the rows' squared distances to their centroids overflow {data.dtype} (inertia {inertia_f}): x "
+                    f"is spread too widely for it (centred values beyond about {_overflow_scale(data):.1e}); "
+                    "rescale x, or pass x.double()")
             if engine is not None:
                 # (The box engine writes its labels into the caller's order when they are read.)
                 labels, sums, counts, old_c, new_c = None, engine.sums, engine.counts, engine.c_old, engine.c
