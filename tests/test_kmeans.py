@@ -185,6 +185,10 @@ def test_numpy_input_and_noncontiguous_views(data):
     assert torch.equal(c.labels, b.labels)
     transposed = data.T.contiguous().T
     assert torch.equal(torchkm.fit(transposed, 6, random_state=0).labels, b.labels)
+    # Rows in the other byte order (a .npy from a big-endian machine) are read as their values.
+    swapped = data.numpy().astype(">f4")
+    assert torch.equal(torchkm.fit(swapped, 6, random_state=0).labels, b.labels)
+    assert torch.equal(torchkm.KMeans(6, random_state=0).fit(swapped).predict(swapped), b.labels)
 
 
 @pytest.mark.parametrize("engine", ["torch", "kernels"])

@@ -54,6 +54,9 @@ def as_data_tensor(x: Any, name: str = "x", *, check_finite: bool = True, copy_r
                 f"{name} has dtype {x.dtype}; pass floating-point data "
                 f"(e.g. {name}.astype(numpy.float32))"
             )
+        if not x.dtype.isnative:
+            # Big-endian files (e.g. a .npy written on another machine): torch takes native order only.
+            x = x.astype(x.dtype.newbyteorder("="))
         if not x.flags.writeable and copy_readonly:
             # torch.from_numpy warns on read-only arrays; a copy is the honest way to share them.
             x = x.copy()
