@@ -48,6 +48,23 @@ def test_n_init_defaults_to_auto_as_scikit_learns():
     assert rand.inertia_ == KMeans(10, init="random", n_init=10, random_state=0, device="cpu").fit(x).inertia_
 
 
+def test_callable_init_with_scikit_learns_signature():
+    x = load_digits().data
+
+    def first_rows(X, n_clusters, random_state):
+        assert isinstance(X, np.ndarray) and isinstance(random_state, np.random.RandomState)
+        # A copy: scikit-learn would update a view's rows in place, moving X's own first rows.
+        return X[:n_clusters].copy()
+
+    ours = KMeans(10, init=first_rows, n_init=1, max_iter=20, tol=0, device="cpu").fit(x)
+    theirs = SkKMeans(10, init=first_rows, n_init=1, max_iter=20, tol=0, algorithm="lloyd").fit(x)
+    assert ours.inertia_ == pytest.approx(theirs.inertia_, rel=1e-7)
+    # One that draws from its random_state, as scikit-learn's examples do.
+    drawn = KMeans(10, init=lambda X, k, random_state: X[random_state.choice(len(X), k, replace=False)],
+                   random_state=0, device="cpu").fit(x)
+    assert drawn.cluster_centers_.shape == (10, 64) and np.isfinite(drawn.inertia_)
+
+
 def test_matches_scikit_learn_from_the_same_init():
     x = load_digits().data
     init = x[:10]

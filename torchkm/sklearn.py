@@ -32,12 +32,23 @@ from .functional import transform as _transform
 __all__ = ["KMeans"]
 
 
+def _sklearn_callable(init: Any) -> Any:
+    """A callable ``init`` with scikit-learn's signature, ``init(X, n_clusters, random_state)`` (numpy
+    rows, a ``RandomState``), as torchkm calls one: ``init(x, n_clusters, seed)`` (a tensor, an int)."""
+
+    def call(x: torch.Tensor, n_clusters: int, seed: int) -> np.ndarray:
+        return np.asarray(init(x.cpu().numpy(), n_clusters, random_state=check_random_state(seed % 2**32)))
+
+    return call
+
+
 class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, BaseEstimator):
     """k-means with scikit-learn's interface, computed by torchkm.
 
     Args:
         n_clusters, init, n_init, max_iter, tol, random_state: as in ``sklearn.cluster.KMeans``
-            (``random_state`` also takes a ``numpy.random.RandomState``). ``n_init="auto"`` (the
+            (``random_state`` also takes a ``numpy.random.RandomState``; a callable ``init`` is called as
+            scikit-learn calls it, ``init(X, n_clusters, random_state=RandomState)``). ``n_init="auto"`` (the
             default, as scikit-learn's) runs once, or 10 times for ``init="random"`` or a callable.
         metric: ``"euclidean"`` or ``"cosine"`` (spherical k-means), see :class:`torchkm.KMeans`.
         algorithm: ``"auto"`` (default), ``"lloyd"``, ``"pruned"`` or ``"triangle"``, see
@@ -98,6 +109,8 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
             init = np.asarray(init, dtype=X.dtype)
         if isinstance(init, np.ndarray):
             init = self._tensor(init)
+        elif callable(init):
+            init = _sklearn_callable(init)
         seed = int(check_random_state(self.random_state).randint(np.iinfo(np.int32).max))
         out = _fit(
             self._tensor(X), self.n_clusters, init=init, n_init=self.n_init, max_iter=self.max_iter,
