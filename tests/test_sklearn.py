@@ -38,6 +38,15 @@ def test_pipeline_grid_search_and_clone():
     assert params["n_clusters"] == 7 and params["metric"] == "cosine"
 
 
+def test_takes_every_parameter_of_scikit_learns_kmeans():
+    # A drop-in: any keyword scikit-learn's KMeans takes is accepted (device and metric are extras).
+    assert set(SkKMeans().get_params()) - set(KMeans().get_params()) == set()
+    x = load_digits().data
+    before = x.copy()
+    KMeans(10, copy_x=False, random_state=0, device="cpu").fit(x)
+    np.testing.assert_array_equal(x, before)  # torchkm never writes to X, copy_x or not
+
+
 def test_n_init_defaults_to_auto_as_scikit_learns():
     # Modern scikit-learn code passes n_init="auto" (its default): a drop-in must take it.
     x = load_digits().data

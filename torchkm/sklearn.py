@@ -55,6 +55,8 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
             :class:`torchkm.KMeans`; scikit-learn's ``"elkan"`` (bounds from the triangle
             inequality) means ``"pruned"``.
         verbose: log per-iteration statistics through the ``torchkm`` logger.
+        copy_x: accepted for scikit-learn's signature; torchkm never writes to ``X`` (it centres
+            copies of chunks, or on the device), so ``False`` changes nothing.
         device: where to compute: ``"cpu"``, ``"cuda"``, ``"cuda:1"``..., or None for CUDA when
             available and CPU otherwise. Results are numpy arrays either way.
 
@@ -75,6 +77,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
         algorithm: str = "auto",
         verbose: int = 0,
         random_state: Any = None,
+        copy_x: bool = True,
         device: str | None = None,
     ) -> None:
         self.n_clusters = n_clusters
@@ -86,6 +89,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, Ba
         self.algorithm = algorithm
         self.verbose = verbose
         self.random_state = random_state
+        self.copy_x = copy_x
         self.device = device
 
     def _device(self) -> torch.device:
