@@ -226,9 +226,10 @@ def check_same_device(x: torch.Tensor, other: torch.Tensor, what: str = "the cen
         )
 
 
-def check_device(device: Any) -> torch.device:
+def check_device(device: Any, advice: str = "Pass device='cpu', or leave device=None to compute where the data "
+                 "lies") -> torch.device:
     """``device`` as a ``torch.device``; a CUDA device where torch has none gets an error that says so
-    (torch's own is an ``AssertionError`` from deep inside the first copy)."""
+    (torch's own is an ``AssertionError`` from deep inside the first copy), ending in ``advice``."""
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -237,7 +238,7 @@ def check_device(device: Any) -> torch.device:
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no GPU is visible"
             raise RuntimeError(f"device={str(device)!r} needs a CUDA GPU; this torch {torch.__version__} is {build}. "
-                               "Pass device='cpu', or leave device=None to compute where the data lies")
+                               + advice)
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise RuntimeError(f"device={str(device)!r}, but only {torch.cuda.device_count()} CUDA device(s) are visible")
     return device

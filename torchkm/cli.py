@@ -52,10 +52,9 @@ def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return check_device(name)
+        return check_device(name, advice="Pass --device cpu or --device auto")
     except RuntimeError as err:  # a GPU this machine lacks: a usage error here, not a crash
-        raise ValueError(str(err).replace("Pass device='cpu', or leave device=None to compute where the data lies",
-                                          "Pass --device cpu or --device auto")) from err
+        raise ValueError(str(err)) from err
 
 
 def int_or_auto(value: str) -> int | str:
