@@ -533,3 +533,25 @@ def test_pruned_engines_count_the_labels_they_change(monkeypatch, kind, d, bound
     engine = _ops.pruned_engine(DataView(x, torch.float32), x[:k].clone(), torch.empty(n, dtype=torch.int32, device=DEVICE),
                                 None, 0.0, kind, graphs=False)
     assert_passes_count_changed_labels(engine, 5)
+
+
+@pytest.mark.parametrize("algorithm", ["lloyd", "pruned"])
+def test_a_fit_stopped_by_tol_labels_its_rows_by_the_final_centroids_in_one_more_pass(kernels, monkeypatch,
+                                                                                       algorithm):
+    # Stopped by tol while labels still change: the labels returned are those of the centroids
+    # returned, from one more pass of the fit's own engine, not a separate assignment.
+    from torchkm import _ops
+
+    x = _seed000(600, 17, 12, 0.05, 7)
+    init = x[:12].clone()
+
+    def no_separate_assignment(*args, **kwargs):
+        raise AssertionError("the final labels came from a separate assignment")
+
+    monkeypatch.setattr(_ops, "assign", no_separate_assignment)
+    got = torchkm.fit(x, 12, init=init, max_iter=40, tol=0.3, algorithm=algorithm)
+    assert got.converged and got.history[-1].labels_changed > 0
+    assert {h.kernel for h in got.history} == {algorithm}
+    sq = torch.cdist(x.double(), got.centroids.double()) ** 2
+    np.testing.assert_array_equal(got.labels.cpu().numpy(), sq.argmin(1).cpu().numpy())
+    assert got.inertia == pytest.approx(float(sq.min(1).values.sum()), rel=1e-5)

@@ -682,11 +682,12 @@ def lloyd(
     if strict:
         labels = (engine.labels if labels is None else labels).long()
         inertia = inertia_f
-    elif engine is not None and engine.kernel == "lloyd" and not comm.active:
-        # One more iteration of the dense engine (a replay): its assignment is that of ``c``, with
-        # its inertia; the centroids it then moves are dropped. Saves a separate assignment's
-        # launches and buffers.
-        engine.run_block(1)
+    elif engine is not None and getattr(engine, "labels_by_one_more_pass", False) and not comm.active:
+        # One more iteration of the engine (a replay): its assignment is that of ``c``, with its
+        # inertia; the centroids it then moves are dropped. Saves a separate assignment's launches
+        # and buffers, and for the bounds engine the search of the rows its bounds settle. (An
+        # engine the hybrid has just handed the run to, with no pass yet, makes that pass its first.)
+        engine.iterate(has_prev=True)
         inertia = engine.read(1)[0][0] * (0.5 if data.normalize else 1.0)
         labels = engine.labels.long()
     else:

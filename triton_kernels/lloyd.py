@@ -235,6 +235,9 @@ class LloydEngine(ReplayedEngine):
     """
 
     kernel = "lloyd"
+    # One more pass (``iterate(has_prev=True)``) labels the rows by the current ``c`` and reads their inertia;
+    # the update it then makes is dropped (a fit's final labels: ``torchkm._loop.lloyd``).
+    labels_by_one_more_pass = True
 
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, precision: str,

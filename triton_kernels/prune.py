@@ -537,6 +537,9 @@ class BoundsEngine(ReplayedEngine):
 
     kernel = "pruned"
     warm_kind = "bounds"  # the settle pass's kernels (``ReplayedPass``'s warm key)
+    # As ``LloydEngine``'s: a settle pass from the current ``c`` (its bounds already lowered by the
+    # last update's moves) gives the labels an exact pass over ``c`` would, and their inertia.
+    labels_by_one_more_pass = True
 
     def __init__(
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, offset: torch.Tensor | None,
