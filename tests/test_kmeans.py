@@ -231,6 +231,29 @@ def test_distances_overflowing_float32_are_an_error_not_collapsed_clusters(rng, 
     assert np.isfinite(wide.inertia) and len(torch.unique(wide.labels)) == 4
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("engine", ["torch", "kernels"])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_queries_whose_distances_overflow_float32_are_an_error_not_arbitrary_labels(rng, engine, metric, monkeypatch):
+    """Finite rows near 1e20: assign had labelled every row 0 (each row is one of the centroids),
+    distance inf; cosine, whose norms overflowed, 0 with distance 0."""
+    if engine == "kernels":
+        monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    x = torch.from_numpy(blobs(rng, 61, 5, 4)).float() * 1e20
+    c = x[:7].clone()
+    km = torchkm.KMeans(7, metric=metric).fit(x[:40] * 1e-20)
+    km.centroids.copy_(c)
+    for query in (lambda: torchkm.assign(x, c, metric=metric), lambda: torchkm.transform(x, c, metric=metric),
+                  lambda: km.predict(x), lambda: km.score(x)):
+        with pytest.raises(ValueError, match=r"distances of x's rows to the centroids overflow torch.float32"):
+            query()
+    labels, _ = torchkm.assign(x.double(), c.double(), metric=metric)
+    assert torch.equal(labels[:7], torch.arange(7))
+    # Large values that do not overflow are labelled as before, with no second read-back.
+    labels, _ = torchkm.assign(x * 1e-4, c * 1e-4, metric=metric)
+    assert torch.equal(labels[:7], torch.arange(7))
+
+
 def test_state_dict_round_trip_into_a_fresh_module(data):
     km = torchkm.KMeans(6, random_state=0).fit(data)
     buffer = io.BytesIO()

@@ -6,6 +6,7 @@ without opening the source.
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from typing import Any
@@ -89,15 +90,29 @@ def as_data_tensor(x: Any, name: str = "x", *, check_finite: bool = True, copy_r
     return x
 
 
-def ensure_finite(x: torch.Tensor, name: str, *more: tuple[torch.Tensor, str]) -> None:
+def ensure_finite(x: torch.Tensor, name: str, *more: tuple[torch.Tensor, str], limit: float | None = None) -> bool:
     """Raise ``ValueError`` naming the first non-finite row of ``x`` (or of the ``(tensor, name)``
     pairs in ``more``). One host synchronisation for all of them: on a GPU a sync waits for all
-    queued work, so each costs a fraction of a millisecond in a loop."""
+    queued work, so each costs a fraction of a millisecond in a loop.
+
+    ``limit``: also whether every value of them all lies within ``[-limit, limit]`` (the return
+    value; True without a limit), from the same read-back: one min/max pass per chunk."""
     named = ((x, name), *more)
+    chunks = [t[start:stop] for t, _ in named for start, stop in iter_row_chunks(t.shape[0], t.shape[1])]
+    if not chunks:
+        return True
+    if limit is not None:
+        # NaN propagates through min and max, and an Inf is one of them: finite extremes mean
+        # finite values.
+        ranges = [torch.aminmax(chunk) for chunk in chunks]
+        low = torch.stack([r.min.double() for r in ranges]).min()
+        high = torch.stack([r.max.double() for r in ranges]).max()
+        low_f, high_f = torch.stack([low, high]).tolist()
+        if math.isfinite(low_f) and math.isfinite(high_f):
+            return max(-low_f, high_f) <= limit
     # Chunked so that a huge input never needs an n x d boolean temporary; the flags stay on the device.
-    flags = [torch.isfinite(t[start:stop]).all() for t, _ in named for start, stop in iter_row_chunks(t.shape[0], t.shape[1])]
-    if not flags or bool(torch.stack(flags).all()):
-        return
+    elif bool(torch.stack([torch.isfinite(chunk).all() for chunk in chunks]).all()):
+        return True
     for t, label in named:  # the error path: find and describe the first bad row
         for start, stop in iter_row_chunks(t.shape[0], t.shape[1]):
             chunk = t[start:stop]
@@ -112,6 +127,7 @@ def ensure_finite(x: torch.Tensor, name: str, *more: tuple[torch.Tensor, str]) -
                 f"{label} contains non-finite values (in rows {start}..{stop - 1}: {n_nan} NaN, "
                 f"{n_inf} Inf; first bad row {first}: {t[first, : min(8, t.shape[1])].tolist()})"
             )
+    return False  # (not reached: non-finite extremes come from a non-finite value)
 
 
 def iter_row_chunks(n: int, width: int, chunk_size: int | None = None):

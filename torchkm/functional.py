@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -23,7 +24,11 @@ from ._validation import (
 __all__ = ["KMeansResult", "assign", "empty_cache", "fit", "transform", "update"]
 
 
-def _checked_query(x: Any, centroids: Any, metric: str, check_finite: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def _checked_query(
+    x: Any, centroids: Any, metric: str, check_finite: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``x`` and ``centroids`` as tensors, checked; and whether their values are small enough that
+    no squared distance can overflow the compute dtype (True when not checked)."""
     if metric not in ("euclidean", "cosine"):
         raise ValueError(f"metric must be 'euclidean' or 'cosine', got {metric!r}")
     c = as_data_tensor(centroids, "centroids", check_finite=False)
@@ -31,12 +36,35 @@ def _checked_query(x: Any, centroids: Any, metric: str, check_finite: bool = Tru
     if x.shape[1] != c.shape[1]:
         raise ValueError(f"x has {x.shape[1]} features but the centroids have {c.shape[1]}")
     check_same_device(x, c)
+    safe = True
     # Value checks read the data back to the host; inside torch.compile they would break the graph.
     if check_finite and not torch.compiler.is_compiling():
-        ensure_finite(c, "centroids", (x, "x"))
+        safe = ensure_finite(c, "centroids", (x, "x"), limit=_overflow_limit(x, c))
         if metric == "cosine":
             check_nonzero_rows(x)
-    return x, c
+    return x, c, safe
+
+
+def _overflow_limit(x: torch.Tensor, c: torch.Tensor) -> float:
+    """Values of at most this size give squared distances (and norms) that the compute dtype holds:
+    (2 limit)^2 d is its largest finite value."""
+    return math.sqrt(torch.finfo(compute_dtype(x.dtype, c.dtype)).max / x.shape[1]) / 2
+
+
+def _check_overflow(distances: torch.Tensor, x: torch.Tensor, c: torch.Tensor, metric: str) -> None:
+    """Raise where values too large for the compute dtype (``_checked_query``) made a distance
+    overflow: its labels would be arbitrary. One more read-back, only for such values. (Cosine
+    distances stay finite when a norm overflows, the row then taken as zero: the norms are checked.)"""
+    dtype = compute_dtype(x.dtype, c.dtype)
+    ok = torch.isfinite(distances).all()
+    if metric == "cosine":
+        for t in (x, c):
+            ok = ok & torch.isfinite(torch.linalg.vector_norm(t, dim=1, dtype=dtype)).all()
+    if not bool(ok):
+        raise ValueError(
+            f"the distances of x's rows to the centroids overflow {dtype} (values beyond about "
+            f"{_overflow_limit(x, c):.1e} in x or the centroids): the labels would be arbitrary. Rescale x and the "
+            "centroids" + (", or pass them as float64" if dtype != torch.float64 else ""))
 
 
 def assign(
@@ -54,7 +82,9 @@ def assign(
     ``metric="cosine"``, for zero rows), which reads the result back to the host: on a GPU that
     sync stops the host from queueing work ahead of the device, so loops of small queries run
     faster without it. Only for inputs known to be finite: a non-finite row then gets an
-    arbitrary label and distance, and no error.
+    arbitrary label and distance, and no error. The same scan finds values large enough to make
+    a distance overflow the compute dtype (about 1e18 and beyond in float32), which raise
+    ``ValueError`` instead of returning arbitrary labels.
 
     On CUDA, ``assign`` keeps its pass (buffers and, from a shape's second call, a CUDA graph of
     the query) for up to four input shapes per thread; :func:`empty_cache` frees them.
@@ -66,8 +96,11 @@ def assign(
         (float64 if either input is float64).
     """
     check_precision(precision)
-    x, c = _checked_query(x, centroids, metric, check_finite)
-    return _ops.query_assign(x, c, metric, precision)
+    x, c, safe = _checked_query(x, centroids, metric, check_finite)
+    labels, distances = _ops.query_assign(x, c, metric, precision)
+    if not safe:
+        _check_overflow(distances, x, c, metric)
+    return labels, distances
 
 
 def empty_cache() -> None:
@@ -94,9 +127,11 @@ def transform(x: Any, centroids: Any, *, metric: str = "euclidean") -> torch.Ten
     Euclidean (not squared, as scikit-learn's ``transform``) or cosine distance ``1 - cos``. This
     is the one call that materialises an n x k matrix, because it is the requested output.
     """
-    x, c = _checked_query(x, centroids, metric)
-    data, c = query_view(x, c, metric)
-    sq = _ops.sq_distances_to(data, c)
+    x, c, safe = _checked_query(x, centroids, metric)
+    data, view_c = query_view(x, c, metric)
+    sq = _ops.sq_distances_to(data, view_c)
+    if not safe:
+        _check_overflow(sq, x, c, metric)
     return sq * 0.5 if metric == "cosine" else sq.sqrt_()
 
 
@@ -109,7 +144,7 @@ def update(
     Clusters that receive no weight keep their row of ``centroids``. For ``metric="cosine"`` the
     means of the normalised rows are normalised again (spherical k-means).
     """
-    x, c = _checked_query(x, centroids, metric)
+    x, c, _ = _checked_query(x, centroids, metric)
     if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int32, torch.int64) or labels.shape != (x.shape[0],):
         raise ValueError(f"labels must be an int32/int64 tensor of shape ({x.shape[0]},)")
     labels = labels.to(device=x.device, dtype=torch.int64)
