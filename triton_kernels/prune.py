@@ -669,6 +669,17 @@ class BoundsEngine(ReplayedEngine):
                      row_scale=inp["row_scale"], out=(sums, counts))
 
     def _settle_pass(self) -> None:
+        self._settle()
+        # Settled rows keep their cluster: the listed rows that change it move between the sums.
+        p = self.assign_pass
+        p(self.x, self.c, **self.inputs, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
+          zero=(self.record,), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
+          control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device, moves=True)
+        self._finish(self.control, p.move_sums, p.move_counts)
+
+    def _settle(self) -> None:
+        """The settle pass's first part: each row against its own moved centroid, the rows its
+        bound cannot settle listed in ``active_rows`` (``active_count`` of them)."""
         p = self.assign_pass
         n, d = self.x.shape
         inp = self.inputs
@@ -694,11 +705,6 @@ class BoundsEngine(ReplayedEngine):
             HAS_SCALE=inp["row_scale"] is not None, HAS_WEIGHT=inp["sample_weight"] is not None, HAS_CONTROL=True,
             CHECK_STOP=True, **self.settle_cfg,
         )
-        # Settled rows keep their cluster: the listed rows that change it move between the sums.
-        p(self.x, self.c, **inp, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
-          zero=(self.record,), lower=self.lower, rows=(self.active_rows, self.active_count), clear=False,
-          control=self.control, stats_prev=self.stats_prev, iteration=0, tol=self.tol_device, moves=True)
-        self._finish(self.control, p.move_sums, p.move_counts)
 
     def _settle_passes_run(self, passes: int) -> None:
         """``passes`` settle passes without a host sync, each record into ``log``."""
