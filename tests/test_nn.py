@@ -280,6 +280,40 @@ def test_autocast_keeps_codebook_statistics_in_fp32(device, dtype):
     assert encoder.weight.grad is not None
 
 
+@pytest.mark.parametrize("engine", ["torch", "kernels"])
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.parametrize("metric,threshold", [("euclidean", 0.0), ("euclidean", 3.0), ("cosine", 3.0)])
+def test_a_batch_with_a_non_finite_row_leaves_the_codebook_as_it_was(engine, bad, metric, threshold, request):
+    """One NaN had made a code NaN for good (its EMA sum), silently; now that batch updates nothing
+    (an AMP step with Inf activations, which the scaler skips, must not poison the codebook), its
+    loss is not finite, and the next finite batch trains on as from the last finite one."""
+    device = "cpu"
+    if engine == "kernels":
+        request.getfixturevalue("kernels")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    vq = VectorQuantizer(6, 5, seed=0, metric=metric, decay=0.7, dead_code_threshold=threshold).to(device)
+    clean = VectorQuantizer(6, 5, seed=0, metric=metric, decay=0.7, dead_code_threshold=threshold).to(device)
+    first, later = _batch(1, 41, 5, device), _batch(2, 41, 5, device)
+    torch.manual_seed(5)
+    vq(first)
+    torch.manual_seed(5)
+    clean(first)
+    state = {name: t.clone() for name, t in vq.named_buffers()}
+    poisoned = later.clone()
+    poisoned[7, 2] = float(bad)
+    out = vq(poisoned)
+    assert not torch.isfinite(out.loss)
+    for name, t in vq.named_buffers():
+        assert torch.equal(t, state[name]), name
+    torch.manual_seed(6)
+    vq(later)
+    torch.manual_seed(6)
+    clean(later)
+    for (name, t), ref in zip(vq.named_buffers(), clean.buffers()):
+        assert torch.isfinite(t.float()).all(), name
+        torch.testing.assert_close(t, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_input_and_parameters_are_rejected():
     vq = VectorQuantizer(4, 3)
     with pytest.raises(ValueError, match=r"\(\.\.\., 3\)"):

@@ -30,8 +30,16 @@ def accumulate(
     counts: torch.Tensor,
     sums: torch.Tensor | None,
     decay: float | None,
+    apply: torch.Tensor | None = None,
 ) -> None:
-    """Fold one batch's per-cluster ``counts`` and ``sums`` into the running statistics, in place."""
+    """Fold one batch's per-cluster ``counts`` and ``sums`` into the running statistics, in place.
+    ``apply`` (0-d bool, on the device): fold them only where true, with no host sync."""
+    if apply is not None:
+        # Where not applied, the batch's statistics are replaced by what leaves the running ones
+        # exactly as they are: nothing to add, or the running value itself to move towards.
+        counts = torch.where(apply, counts.to(cluster_size.dtype), 0.0 if decay is None else cluster_size)
+        if embed_sum is not None and sums is not None:
+            sums = torch.where(apply, sums.to(embed_sum.dtype), 0.0 if decay is None else embed_sum)
     if decay is None:
         cluster_size.add_(counts.to(cluster_size.dtype))
         if embed_sum is not None and sums is not None:

@@ -226,6 +226,9 @@ class VectorQuantizer(nn.Module):
     ``cluster_size`` (k,) EMA of vectors per code and step, ``embed_sum`` (k, dim) EMA of their sums
     (EMA codebooks only), and ``initialized``.
 
+    A training batch with a NaN or Inf (or whose sums overflow) updates nothing: the codebook and
+    its statistics stay as they were (decided on the device, no host sync), its loss is not finite.
+
     Under ``torch.autocast`` the input may arrive in bf16/fp16: the assignment runs on it as it is
     (bf16/fp16 tensor-core products on CUDA), while the codebook, its statistics and the losses stay
     in float32, and ``quantized`` comes back in the input's dtype.
@@ -374,13 +377,23 @@ class VectorQuantizer(nn.Module):
                 sums, col = packed[:, 1 : 1 + self.dim], 1 + self.dim
             if candidates is not None:
                 candidates = packed[:, col:]
+        # A batch with a non-finite row (NaN or Inf in x, or its sums overflowing: after the
+        # all-reduce, on any rank) updates nothing, on the device: one bad step (AMP's Inf
+        # activations, which its scaler skips) must not poison the codebook for every later one.
+        # Its labels are arbitrary and its loss is not finite, which is how the caller sees it.
+        apply = torch.isfinite(counts).all()
+        if sums is not None:
+            apply = apply & torch.isfinite(sums).all()
         embed_sum = None if self.learnable_codebook else self.embed_sum
-        _online.accumulate(self.cluster_size, embed_sum, counts, sums, self.decay)
+        _online.accumulate(self.cluster_size, embed_sum, counts, sums, self.decay, apply)
         if embed_sum is not None:
-            self.codebook.copy_(_online.centroids_from_stats(
-                embed_sum, self.cluster_size, self.codebook, normalize=self.metric == "cosine", smoothing=self.eps))
+            moved = _online.centroids_from_stats(
+                embed_sum, self.cluster_size, self.codebook, normalize=self.metric == "cosine", smoothing=self.eps)
+            self.codebook.copy_(torch.where(apply, moved, self.codebook))
         if candidates is not None:
-            dead = self.cluster_size < self.dead_code_threshold
+            # (A learned codebook's batch sums nothing: its non-finite rows are kept from becoming codes.)
+            apply = apply & torch.isfinite(candidates).all()
+            dead = (self.cluster_size < self.dead_code_threshold) & apply
             _online.replace_dead(dead, candidates, self.codebook, self.cluster_size, embed_sum,
                                  self.dead_code_threshold)
 

@@ -53,33 +53,42 @@ def _sizes_kernel(acc_counts_ptr, n_replicas, size_ptr, total_parts_ptr, part_in
     counts = tl.zeros((BLOCK,), tl.float32)
     for r in range(n_replicas):
         counts += tl.load(acc_counts_ptr + r * k + rows, mask=mask, other=0.0)
-    size = tl.load(size_ptr + rows, mask=mask, other=0.0)
+    old_size = tl.load(size_ptr + rows, mask=mask, other=0.0)
     if DECAY:
-        size = _lerp(size, counts, weight, HIGH)
+        size = _lerp(old_size, counts, weight, HIGH)
     else:
-        size = size + counts
+        size = old_size + counts
+    if HAS_INERTIA:
+        # Every program sums the squared distances: a batch with a non-finite row (NaN or Inf in
+        # x, or a distance that overflowed) has a non-finite sum and updates nothing (``GUARD``).
+        parts = tl.zeros((BLOCK,), tl.float32)
+        for p0 in range(0, n_inertia_parts, BLOCK):
+            p = p0 + tl.arange(0, BLOCK)
+            parts += tl.load(part_inertia_ptr + p, mask=p < n_inertia_parts, other=0.0)
+        sq_total = tl.sum(parts, axis=0)
+        size = tl.where(tl.abs(sq_total) < float("inf"), size, old_size)
+        if pid == 0:
+            tl.store(sq_total_ptr, sq_total)
     tl.store(size_ptr + rows, size, mask=mask)
     tl.store(total_parts_ptr + pid, tl.sum(tl.where(mask, size, 0.0), axis=0))
-    if HAS_INERTIA:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if pid == 0:
-            parts = tl.zeros((BLOCK,), tl.float32)
-            for p0 in range(0, n_inertia_parts, BLOCK):
-                p = p0 + tl.arange(0, BLOCK)
-                parts += tl.load(part_inertia_ptr + p, mask=p < n_inertia_parts, other=0.0)
-            tl.store(sq_total_ptr, tl.sum(parts, axis=0))
 
 
 @triton.jit
 def _codebook_kernel(
     acc_sums_ptr, acc_counts_ptr, n_replicas, offset_ptr, size_ptr, total_parts_ptr, n_total_parts,
-    embed_sum_ptr, codebook_ptr, used_ptr, x_ptr, stride_xn, stride_xd, revive_rows_ptr,
+    embed_sum_ptr, codebook_ptr, used_ptr, x_ptr, stride_xn, stride_xd, revive_rows_ptr, sq_total_ptr,
     k, d, weight, eps, threshold,
     DECAY: tl.constexpr, HIGH: tl.constexpr, SMOOTH: tl.constexpr, NORMALIZE: tl.constexpr,
-    HAS_OFFSET: tl.constexpr, REVIVE: tl.constexpr, STORE_USED: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, REVIVE: tl.constexpr, STORE_USED: tl.constexpr, GUARD: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, PARTS_BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     row_mask = rows < k
+    # GUARD: the batch's squared distances summed to a non-finite value (``_sizes_kernel``, which
+    # then kept the sizes): the codes and their sums stay, and no code is revived onto its rows.
+    apply = True
+    if GUARD:
+        apply = tl.abs(tl.load(sq_total_ptr)) < float("inf")
     rows64 = rows.to(tl.int64)
     dims0 = tl.arange(0, BLOCK_D)
     size = tl.load(size_ptr + rows, mask=row_mask, other=0.0)
@@ -101,7 +110,7 @@ def _codebook_kernel(
     dead = rows < 0
     source = rows64 * 0
     if REVIVE:
-        dead = row_mask & (size < threshold)
+        dead = tl.where(apply, row_mask & (size < threshold), False)
         source = tl.load(revive_rows_ptr + rows, mask=dead, other=0).to(tl.int64)
     norm_sq = tl.zeros((BLOCK_K,), tl.float32)
     # A second sweep for the normalised rows recomputes the first's values (never reading back
@@ -121,18 +130,21 @@ def _codebook_kernel(
                 sums += tl.load(acc_sums_ptr + (r * k).to(tl.int64) * d + offs, mask=mask, other=0.0)
             if HAS_OFFSET:  # the pass summed centred rows
                 sums += counts[:, None] * tl.load(offset_ptr + dims, mask=dim_mask, other=0.0)[None, :]
-            embed = tl.load(embed_sum_ptr + offs, mask=mask, other=0.0)
+            old_embed = tl.load(embed_sum_ptr + offs, mask=mask, other=0.0)
             if DECAY:
-                embed = _lerp(embed, sums, weight, HIGH)
+                embed = _lerp(old_embed, sums, weight, HIGH)
             else:
-                embed = embed + sums
+                embed = old_embed + sums
+            embed = tl.where(apply, embed, old_embed)
             old = tl.load(codebook_ptr + offs, mask=mask, other=0.0)
             new = tl.where(filled[:, None], embed / divisor[:, None], old)
+            new = tl.where(apply, new, old)
             if NORMALIZE and sweep == 0:
                 norm_sq += tl.sum(new * new, axis=1)
             else:
                 if NORMALIZE:
                     new = tl.where(keep[:, None], old, new * inv[:, None])
+                    new = tl.where(apply, new, old)
                 if STORE_USED:
                     tl.store(used_ptr + offs, old, mask=mask)
                 if REVIVE:
@@ -178,7 +190,9 @@ def ema_update(
     module docstring says (``decay``: EMA decay in [0, 1), or None to add; ``eps``: Laplace
     smoothing, or None for none; ``normalize``: unit rows, a vanishing row keeping its old one).
     ``used`` (k, d): receives the codebook as it was. ``part_inertia`` (P,) float32 partials are
-    summed into the 0-d float32 ``sq_total``. With ``revive_threshold > 0``, codes whose updated
+    summed into the 0-d float32 ``sq_total``; where that sum is not finite (a row of NaN or Inf, or a
+    distance that overflowed) nothing else changes: one bad batch does not poison the codebook for
+    good (under AMP a step with Inf activations is skipped the same way). With ``revive_threshold > 0``, codes whose updated
     size is below it move onto the rows ``revive_from[revive_rows[j]]`` (``revive_from`` (m, d) of
     any float dtype, ``revive_rows`` (k,) int64), with size ``revive_threshold`` and sum
     ``revive_threshold`` times that row.
@@ -225,9 +239,10 @@ def ema_update(
         unused(device, torch.float32) if used is None else used,
         source, source.stride(0) if revive else 0, source.stride(1) if revive else 0,
         revive_rows if revive else unused(device, torch.int64),
+        unused(device, torch.float32) if sq_total is None else sq_total,
         k, d, weight, 0.0 if eps is None else eps, revive_threshold,
         DECAY=decay is not None, HIGH=weight >= 0.5, SMOOTH=eps is not None, NORMALIZE=normalize,
-        HAS_OFFSET=offset is not None, REVIVE=revive, STORE_USED=used is not None,
+        HAS_OFFSET=offset is not None, REVIVE=revive, STORE_USED=used is not None, GUARD=sq_total is not None,
         BLOCK_K=block_k, BLOCK_D=block_d, PARTS_BLOCK=min(1024, max(16, triton.next_power_of_2(n_size_blocks))),
         num_warps=8,
     )
@@ -261,6 +276,8 @@ def ema_update_reference(
     if sq_total is not None:
         assert part_inertia is not None
         sq_total.copy_(part_inertia.sum())
+        if not bool(torch.isfinite(sq_total)):
+            return  # a batch with a non-finite row updates nothing (``ema_update``)
     if decay is None:
         cluster_size.add_(counts)
         embed_sum.add_(sums)

@@ -54,6 +54,28 @@ def test_ema_update_matches_reference(k, d, replicas, decay, eps, normalize):
     assert torch.equal(got["used"], state["codebook"])
 
 
+@pytest.mark.parametrize("k,d", [(7, 3), (1100, 17), (33, 129)])
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_ema_update_of_a_batch_with_non_finite_distances_changes_nothing(k, d, bad, normalize):
+    """A non-finite part of the squared distances (a row of NaN or Inf): the sizes, sums and codes
+    stay as they were and no code is revived, though codes are dead and the sums are NaN."""
+    g = torch.Generator().manual_seed(k + d)
+    state = _state(k, d, 2, g, empty_codes=min(k - 1, 2))
+    state["acc_sums"][1, k // 2, d - 1] = float(bad)
+    parts = torch.rand(300, generator=g).to(DEVICE)
+    parts[123] = float(bad)
+    x = torch.randn(50, d, generator=g).to(DEVICE)
+    kwargs = dict(decay=0.9, eps=1e-5, normalize=normalize, part_inertia=parts, revive_threshold=0.7,
+                  revive_from=x, revive_rows=torch.randint(0, 50, (k,), generator=g).to(DEVICE))
+    for fn in (ema_update, ema_update_reference):
+        got = _run(fn, state, **kwargs)
+        for name in ("cluster_size", "embed_sum", "codebook"):
+            assert torch.equal(got[name], state[name]), (fn.__name__, name)
+        assert torch.equal(got["used"], state["codebook"])
+        assert not torch.isfinite(got["sq_total"])
+
+
 def test_ema_update_without_revival_offset_or_totals_and_with_strided_bf16_rows():
     g = torch.Generator().manual_seed(5)
     state = _state(9, 6, 1, g, empty_codes=3)
