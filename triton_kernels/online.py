@@ -44,6 +44,16 @@ def _lerp(start, end, weight, HIGH: tl.constexpr):
 
 
 @triton.jit
+def _sum_parts(parts_ptr, n_parts, BLOCK: tl.constexpr):
+    """The sum of ``n_parts`` float32 partials, by one program."""
+    parts = tl.zeros((BLOCK,), tl.float32)
+    for p0 in range(0, n_parts, BLOCK):
+        p = p0 + tl.arange(0, BLOCK)
+        parts += tl.load(parts_ptr + p, mask=p < n_parts, other=0.0)
+    return tl.sum(parts, axis=0)
+
+
+@triton.jit
 def _sizes_kernel(acc_counts_ptr, n_replicas, size_ptr, total_parts_ptr, part_inertia_ptr, n_inertia_parts,
                   sq_total_ptr, k, weight,
                   DECAY: tl.constexpr, HIGH: tl.constexpr, HAS_INERTIA: tl.constexpr, BLOCK: tl.constexpr):
@@ -61,11 +71,7 @@ def _sizes_kernel(acc_counts_ptr, n_replicas, size_ptr, total_parts_ptr, part_in
     if HAS_INERTIA:
         # Every program sums the squared distances: a batch with a non-finite row (NaN or Inf in
         # x, or a distance that overflowed) has a non-finite sum and updates nothing (``GUARD``).
-        parts = tl.zeros((BLOCK,), tl.float32)
-        for p0 in range(0, n_inertia_parts, BLOCK):
-            p = p0 + tl.arange(0, BLOCK)
-            parts += tl.load(part_inertia_ptr + p, mask=p < n_inertia_parts, other=0.0)
-        sq_total = tl.sum(parts, axis=0)
+        sq_total = _sum_parts(part_inertia_ptr, n_inertia_parts, BLOCK)
         size = tl.where(tl.abs(sq_total) < float("inf"), size, old_size)
         if pid == 0:
             tl.store(sq_total_ptr, sq_total)
@@ -93,11 +99,7 @@ def _codebook_kernel(
     dims0 = tl.arange(0, BLOCK_D)
     size = tl.load(size_ptr + rows, mask=row_mask, other=0.0)
     if SMOOTH:
-        parts = tl.zeros((PARTS_BLOCK,), tl.float32)
-        for p0 in range(0, n_total_parts, PARTS_BLOCK):
-            p = p0 + tl.arange(0, PARTS_BLOCK)
-            parts += tl.load(total_parts_ptr + p, mask=p < n_total_parts, other=0.0)
-        total = tl.sum(parts, axis=0)
+        total = _sum_parts(total_parts_ptr, n_total_parts, PARTS_BLOCK)
         divisor = (size + eps) / (total + k * eps) * total
     else:
         divisor = size
