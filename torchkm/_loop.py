@@ -33,6 +33,7 @@ from ._validation import (
     check_sample_weight,
     compute_dtype,
     ensure_finite,
+    overflow_limit,
 )
 from .init import kmeans_parallel, kmeans_plusplus, random_rows, sample_shard
 
@@ -145,11 +146,6 @@ def make_generator(random_state: SeedLike, comm: Comm | None = None) -> torch.Ge
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
     return gen
-
-
-def _overflow_scale(data: DataView) -> float:
-    """About where a row's centred values make squared distances of ``data.dtype`` overflow."""
-    return math.sqrt(torch.finfo(data.dtype).max / max(1, data.n_features)) / 2
 
 
 def _relocate_empty(
@@ -623,7 +619,7 @@ def lloyd(
                 # every later step would be meaningless (labels collapse onto a few clusters).
                 raise ValueError(
                     f"the rows' squared distances to their centroids overflow {data.dtype} (inertia {inertia_f}): x "
-                    f"is spread too widely for it (centred values beyond about {_overflow_scale(data):.1e}); "
+                    f"is spread too widely for it (centred values beyond about {overflow_limit(data.dtype, data.n_features):.1e}); "
                     "rescale x, or pass x.double()")
             if engine is not None:
                 # (The box engine writes its labels into the caller's order when they are read.)

@@ -24,6 +24,7 @@ __all__ = [
     "compute_dtype",
     "ensure_finite",
     "iter_row_chunks",
+    "overflow_limit",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -102,14 +103,11 @@ def ensure_finite(x: torch.Tensor, name: str, *more: tuple[torch.Tensor, str], l
     if not chunks:
         return True
     if limit is not None:
-        # NaN propagates through min and max, and an Inf is one of them: finite extremes mean
-        # finite values.
-        ranges = [torch.aminmax(chunk) for chunk in chunks]
-        low = torch.stack([r.min.double() for r in ranges]).min()
-        high = torch.stack([r.max.double() for r in ranges]).max()
-        low_f, high_f = torch.stack([low, high]).tolist()
-        if math.isfinite(low_f) and math.isfinite(high_f):
-            return max(-low_f, high_f) <= limit
+        # The largest magnitude: NaN propagates through min, max and abs, and an Inf is one of
+        # them, so a finite peak means finite values.
+        peak = float(torch.stack([torch.stack(torch.aminmax(chunk)).abs().max().double() for chunk in chunks]).max())
+        if math.isfinite(peak):
+            return peak <= limit
     # Chunked so that a huge input never needs an n x d boolean temporary; the flags stay on the device.
     elif bool(torch.stack([torch.isfinite(chunk).all() for chunk in chunks]).all()):
         return True
@@ -128,6 +126,12 @@ def ensure_finite(x: torch.Tensor, name: str, *more: tuple[torch.Tensor, str], l
                 f"{n_inf} Inf; first bad row {first}: {t[first, : min(8, t.shape[1])].tolist()})"
             )
     return False  # (not reached: non-finite extremes come from a non-finite value)
+
+
+def overflow_limit(dtype: torch.dtype, n_features: int) -> float:
+    """Values (centred, for a fit) of at most this size give squared distances and norms that
+    ``dtype`` holds: (2 limit)^2 d is its largest finite value."""
+    return math.sqrt(torch.finfo(dtype).max / max(1, n_features)) / 2
 
 
 def iter_row_chunks(n: int, width: int, chunk_size: int | None = None):

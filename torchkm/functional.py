@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from ._validation import (
     check_sample_weight,
     compute_dtype,
     ensure_finite,
+    overflow_limit,
 )
 
 __all__ = ["KMeansResult", "assign", "empty_cache", "fit", "transform", "update"]
@@ -39,16 +39,10 @@ def _checked_query(
     safe = True
     # Value checks read the data back to the host; inside torch.compile they would break the graph.
     if check_finite and not torch.compiler.is_compiling():
-        safe = ensure_finite(c, "centroids", (x, "x"), limit=_overflow_limit(x, c))
+        safe = ensure_finite(c, "centroids", (x, "x"), limit=overflow_limit(compute_dtype(x.dtype, c.dtype), x.shape[1]))
         if metric == "cosine":
             check_nonzero_rows(x)
     return x, c, safe
-
-
-def _overflow_limit(x: torch.Tensor, c: torch.Tensor) -> float:
-    """Values of at most this size give squared distances (and norms) that the compute dtype holds:
-    (2 limit)^2 d is its largest finite value."""
-    return math.sqrt(torch.finfo(compute_dtype(x.dtype, c.dtype)).max / x.shape[1]) / 2
 
 
 def _check_overflow(distances: torch.Tensor, x: torch.Tensor, c: torch.Tensor, metric: str) -> None:
@@ -63,7 +57,7 @@ def _check_overflow(distances: torch.Tensor, x: torch.Tensor, c: torch.Tensor, m
     if not bool(ok):
         raise ValueError(
             f"the distances of x's rows to the centroids overflow {dtype} (values beyond about "
-            f"{_overflow_limit(x, c):.1e} in x or the centroids): the labels would be arbitrary. Rescale x and the "
+            f"{overflow_limit(dtype, x.shape[1]):.1e} in x or the centroids): the labels would be arbitrary. Rescale x and the "
             "centroids" + (", or pass them as float64" if dtype != torch.float64 else ""))
 
 

@@ -381,19 +381,20 @@ class VectorQuantizer(nn.Module):
         # all-reduce, on any rank) updates nothing, on the device: one bad step (AMP's Inf
         # activations, which its scaler skips) must not poison the codebook for every later one.
         # Its labels are arbitrary and its loss is not finite, which is how the caller sees it.
-        apply = torch.isfinite(counts).all()
-        if sums is not None:
-            apply = apply & torch.isfinite(sums).all()
+        # (The counts, of labels, are always finite.)
+        apply = None if sums is None else torch.isfinite(sums).all()
         embed_sum = None if self.learnable_codebook else self.embed_sum
         _online.accumulate(self.cluster_size, embed_sum, counts, sums, self.decay, apply)
         if embed_sum is not None:
             moved = _online.centroids_from_stats(
                 embed_sum, self.cluster_size, self.codebook, normalize=self.metric == "cosine", smoothing=self.eps)
-            self.codebook.copy_(torch.where(apply, moved, self.codebook))
+            self.codebook.copy_(moved if apply is None else torch.where(apply, moved, self.codebook))
         if candidates is not None:
             # (A learned codebook's batch sums nothing: its non-finite rows are kept from becoming codes.)
-            apply = apply & torch.isfinite(candidates).all()
-            dead = (self.cluster_size < self.dead_code_threshold) & apply
+            revive = torch.isfinite(candidates).all()
+            if apply is not None:
+                revive = revive & apply
+            dead = (self.cluster_size < self.dead_code_threshold) & revive
             _online.replace_dead(dead, candidates, self.codebook, self.cluster_size, embed_sum,
                                  self.dead_code_threshold)
 
