@@ -555,3 +555,34 @@ def test_a_fit_stopped_by_tol_labels_its_rows_by_the_final_centroids_in_one_more
     sq = torch.cdist(x.double(), got.centroids.double()) ** 2
     np.testing.assert_array_equal(got.labels.cpu().numpy(), sq.argmin(1).cpu().numpy())
     assert got.inertia == pytest.approx(float(sq.min(1).values.sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["lloyd", "pruned"])
+@pytest.mark.parametrize("case", ["plain", "weighted", "cosine"])
+def test_empty_clusters_relocated_on_the_device_as_by_torch_ops(kernels, monkeypatch, algorithm, case):
+    """The dense and bounds engines relocate empty clusters in a few launches with no host sync but
+    the shift's (``engine.relocate``): the same fit, pass for pass, as the torch relocation
+    (``_loop._relocate_empty`` and ``new_centroids``), which the other engines and several ranks keep."""
+    from torchkm._kernels import lloyd, prune
+
+    x = _seed000(600, 17, 12, 0.02, 9)
+    start = torch.cat([x[:9], x[:2], torch.full((1, 17), 40.0, device=DEVICE)])  # three clusters empty at first
+    kw = {"init": start, "max_iter": 10, "tol": 0.0, "algorithm": algorithm}
+    if case == "weighted":
+        w = torch.rand(600, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+        w[::7] = 0.0  # rows of zero weight are never picked
+        kw["sample_weight"] = w
+    if case == "cosine":
+        x, kw["metric"] = x + 0.5, "cosine"
+    calls = []
+    relocate = lloyd.ReplayedEngine.relocate
+    monkeypatch.setattr(lloyd.ReplayedEngine, "relocate", lambda self, *a: calls.append(self.kernel) or relocate(self, *a))
+    monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
+    got = torchkm.fit(x, 12, **kw)
+    monkeypatch.setattr(lloyd.LloydEngine, "relocates_on_device", False)
+    monkeypatch.setattr(prune.BoundsEngine, "relocates_on_device", False)
+    want = torchkm.fit(x, 12, **kw)
+    assert calls and set(calls) == {algorithm} and got.history[0].empty_clusters == want.history[0].empty_clusters >= 2
+    _same_fit(got, want)
+    assert [h.empty_clusters for h in got.history] == [h.empty_clusters for h in want.history]
+    assert [h.center_shift for h in got.history] == pytest.approx([h.center_shift for h in want.history], rel=1e-4)

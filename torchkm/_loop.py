@@ -637,12 +637,16 @@ def lloyd(
                     # for the others each row's distance to the centroid the pass gave it.
                     sq = getattr(engine, "sq_distances", None)
                     sq = _ops.labelled_sq_distances(data, old_c, labels_now) if sq is None else sq
-                _relocate_empty(data, labels_now, sq, sums, counts, counts <= 0, sample_weight, comm)
-                relocated = new_centroids(sums, counts, old_c, data.normalize)
-                shift_f = float(((relocated - old_c) ** 2).sum())
-                new_c = new_c.copy_(relocated) if engine is not None else relocated
-                if engine is not None and hasattr(engine, "centroids_changed"):
-                    engine.centroids_changed()  # the bounds engine lowers its bounds by the moves
+                if getattr(engine, "relocates_on_device", False) and not comm.active:
+                    # The same moves in a few launches, its centroids updated in place (one sync: the shift).
+                    shift_f = float(_ops.relocate_empty(engine, sq, n_empty, sample_weight))
+                else:
+                    _relocate_empty(data, labels_now, sq, sums, counts, counts <= 0, sample_weight, comm)
+                    relocated = new_centroids(sums, counts, old_c, data.normalize)
+                    shift_f = float(((relocated - old_c) ** 2).sum())
+                    new_c = new_c.copy_(relocated) if engine is not None else relocated
+                    if engine is not None and hasattr(engine, "centroids_changed"):
+                        engine.centroids_changed()  # the bounds engine lowers its bounds by the moves
             if data.normalize:
                 inertia_f *= 0.5
             c = new_c

@@ -369,6 +369,22 @@ def labelled_sq_distances(data: DataView, centroids: torch.Tensor, labels: torch
     return out
 
 
+def relocate_empty(engine: Any, sq_distances: torch.Tensor, n_empty: int,
+                   sample_weight: torch.Tensor | None) -> torch.Tensor:
+    """Relocate a kernels engine's ``n_empty`` empty clusters (its last pass's) on the device, by
+    scikit-learn's rule as ``_loop._relocate_empty`` does (cluster by cluster in index order, onto
+    the rows farthest from their centroids by ``sq_distances``; rows of zero weight last), and move
+    its centroids to the new means (``engine.relocate``). Returns the total squared move of the
+    centroids from the update's start (float64, on the device): no host sync until it is read.
+    For engines with ``relocates_on_device``, on one process."""
+    empty = engine.counts <= 0
+    # The host knows how many clusters are empty (the pass's statistics): no sync for their indices.
+    clusters = torch.nonzero_static(empty, size=n_empty, fill_value=-1).flatten()
+    far_scores = sq_distances if sample_weight is None else torch.where(sample_weight > 0, sq_distances, -1.0)
+    rows = torch.topk(far_scores, min(n_empty, far_scores.numel())).indices
+    return engine.relocate(rows, clusters[: rows.numel()])
+
+
 def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:
     """The full (n, m) matrix of squared distances to ``points``; callers keep m small or want it whole."""
     points = points.to(data.dtype)

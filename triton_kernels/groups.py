@@ -406,6 +406,7 @@ class GroupBoundsEngine(BoundsEngine):
 
     kernel = "pruned"
     warm_kind = "groups"
+    relocates_on_device = False  # (not measured with the sorted copy: the torch relocation)
 
     def __init__(self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *,
                  group_size: int = GROUP_SIZE, **kwargs):

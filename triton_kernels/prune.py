@@ -537,6 +537,7 @@ class BoundsEngine(ReplayedEngine):
 
     kernel = "pruned"
     warm_kind = "bounds"  # the settle pass's kernels (``ReplayedPass``'s warm key)
+    relocates_on_device = True
     # As ``LloydEngine``'s: a settle pass from the current ``c`` (its bounds already lowered by the
     # last update's moves) gives the labels an exact pass over ``c`` would, and their inertia.
     labels_by_one_more_pass = True
@@ -733,6 +734,12 @@ class BoundsEngine(ReplayedEngine):
         ran: what an empty cluster's relocation picks the farthest rows by. Settled rows stored it
         in the settle pass, searched rows in the search."""
         return self.sq_dist
+
+    def _relocation_outputs(self) -> dict:
+        # The moves from ``c_old`` to the relocated centroids, as ``centroids_changed`` sets them.
+        self.shift_top.zero_()
+        return {"shift_top": self.shift_top, "shift_margin": self.shift_margin,
+                "moves": self.moves if self.top_m else None}
 
     def centroids_changed(self) -> None:
         """Call after changing ``c`` outside the engine's passes (empty-cluster relocation): the

@@ -3,7 +3,14 @@
 import pytest
 import torch
 from torchkm._kernels.assign import assign
-from torchkm._kernels.update import float64_sums, float64_sums_reference, update, update_reference
+from torchkm._kernels.update import (
+    float64_sums,
+    float64_sums_reference,
+    move_rows_to_clusters,
+    move_rows_to_clusters_reference,
+    update,
+    update_reference,
+)
 
 from tests.helpers import assert_passes_count_changed_labels
 from tests.kernels.conftest import DEVICE, ON_GPU
@@ -54,6 +61,39 @@ def test_float64_sums_match_reference(monkeypatch, replicas, dtype, d, k):
             torch.testing.assert_close(counts, ref_counts, rtol=1e-12, atol=1e-12)
     empty = float64_sums(x[:0], labels[:0], k)
     assert not empty[0].any() and not empty[1].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [1, 3, 17, 129, 300])
+@pytest.mark.parametrize("k", [2, 7, 1000])
+def test_move_rows_to_clusters_matches_reference(dtype, d, k):
+    """An empty-cluster relocation's sums change (one launch) against its torch reference: rows
+    leave their clusters (two of them the same one, so atomics meet) and each becomes a whole empty
+    cluster; a padded pair (cluster -1) changes nothing; with and without weights, offset and row
+    scales, strided rows, int32 and int64 labels."""
+    g = torch.Generator().manual_seed(d * 13 + k)
+    n = 301
+    x = (torch.randn(n, 2 * d, generator=g) * 3 + 1).to(dtype).to(DEVICE)[:, ::2]  # strided rows
+    labels = torch.randint(0, k, (n,), generator=g)
+    empty = [k - 1] if k < 7 else [k - 1, 3, 5]
+    labels[torch.isin(labels, torch.tensor(empty))] = 0
+    rows = torch.tensor([10, 200, 33][: len(empty)])
+    labels[rows[:2]] = 0  # two moved rows leave the same cluster
+    rows, clusters = torch.cat([rows, torch.tensor([7])]), torch.tensor([*empty, -1])
+    w = (torch.rand(n, generator=g) + 0.1).to(DEVICE)
+    offset = torch.randn(d, generator=g).to(DEVICE)
+    scale = (torch.rand(n, generator=g) + 0.5).to(DEVICE)
+    for kw in ({}, {"sample_weight": w, "offset": offset, "row_scale": scale}):
+        for lab in (labels.to(DEVICE), labels.int().to(DEVICE)):
+            sums, counts = update(x, lab, k, **kw)
+            want_sums, want_counts = sums.clone(), counts.clone()
+            move_rows_to_clusters_reference(x, rows.to(DEVICE), clusters.to(DEVICE), lab, want_sums, want_counts, **kw)
+            move_rows_to_clusters(x, rows.to(DEVICE), clusters.to(DEVICE), lab, sums, counts, **kw)
+            torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(counts, want_counts, rtol=1e-6, atol=1e-6)
+            assert (counts[torch.tensor(empty, device=DEVICE)] > 0).all()
+    with pytest.raises(ValueError, match="same length"):
+        move_rows_to_clusters(x, rows.to(DEVICE), clusters[:1].to(DEVICE), labels.to(DEVICE), sums, counts)
 
 
 def test_row_scale_half_input_and_int32_labels():
