@@ -235,6 +235,9 @@ def main() -> None:
                 if "lloyd" in runs else float("nan"),
                 "labels_exact": off == 0, "labels_off": off, "same_iterations_as_lloyd": out.n_iter == ref.n_iter,
                 "same_labels_as_lloyd": bool(torch.equal(out.labels, ref.labels)),
+                # Rows whose final label differs from the last dense run's, run by run: set beside
+                # the dense runs' own (fp32 atomic sums: two dense runs may differ as well).
+                "labels_differ_from_lloyd_runs": [int((o.labels != ref.labels).sum()) for o, _ in timed],
                 "skipped": sum(h.skipped for h in later) / len(later),
                 "skipped_bound": sum(h.skipped_bound for h in later) / len(later),
                 "imbalance": sum(h.imbalance for h in later) / len(later),
@@ -284,6 +287,13 @@ def report(rows: list[dict], algorithms: list[str]) -> None:
                   f"{a.get('paired_to_lloyd', float('nan')):6.3f} | per iteration "
                   f"{a['ms_per_iter_median'] / d_['ms_per_iter_median']:6.3f} | iterations auto {a['iters_runs']} "
                   f"dense {d_['iters_runs']} | auto ran {a['kernels_runs']}")
+    if "lloyd" in algorithms:
+        print("\nrows whose final label differs from the last dense run's, run by run (the dense runs' own spread "
+              "first: fp32 atomic sums)")
+        for r in rows:
+            s2 = "-" if r["sigma2"] is None else r["sigma2"]
+            print(f"{r['data']:>17} {r['k']:>5} {s2:>6} | " + " | ".join(
+                f"{a} {r[a].get('labels_differ_from_lloyd_runs')} it {r[a]['iters_runs']}" for a in algorithms))
     parts = [label for label, _ in COMPONENTS] + ["other"]
     decomposed = [(r, a) for r in rows for a in algorithms if "decomposition_ms" in r.get(a, {})]
     if decomposed:
