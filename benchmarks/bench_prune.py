@@ -293,7 +293,7 @@ def report(rows: list[dict], algorithms: list[str]) -> None:
         for r in rows:
             s2 = "-" if r["sigma2"] is None else r["sigma2"]
             print(f"{r['data']:>17} {r['k']:>5} {s2:>6} | " + " | ".join(
-                f"{a} {r[a].get('labels_differ_from_lloyd_runs')} it {r[a]['iters_runs']}" for a in algorithms))
+                f"{a} {r[a].get('labels_differ_from_lloyd_runs')} it {r[a].get('iters_runs')}" for a in algorithms))
     parts = [label for label, _ in COMPONENTS] + ["other"]
     decomposed = [(r, a) for r in rows for a in algorithms if "decomposition_ms" in r.get(a, {})]
     if decomposed:

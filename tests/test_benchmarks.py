@@ -147,12 +147,13 @@ def test_bench_prune_pairs_rounds_and_reports_auto_against_dense(capsys) -> None
     assert bench_prune.paired_ratio([2.0, 8.0, 9.0], [1.0, 8.0, 3.0]) == 2.0
     assert bench_prune.paired_ratio([5.0], [2.0, 3.0]) == 2.5  # a slow algorithm timed once
     entry = {"ms": 2.0, "n_iter": 3, "labels_exact": True, "ms_per_iter_median": 0.5, "iters_runs": [3, 4],
-             "kernels_runs": [{"lloyd": 3}], "paired_to_lloyd": 1.25}
+             "kernels_runs": [{"lloyd": 3}], "paired_to_lloyd": 1.25, "labels_differ_from_lloyd_runs": [0, 17]}
     rows = [{"data": "seed000 100x32", "n": 100, "d": 32, "k": 4, "sigma2": 0.05, "floor_ms": 0.1,
              "lloyd": dict(entry, paired_to_lloyd=1.0), "auto": entry}]
     bench_prune.report(rows, ["lloyd", "auto"])
     out = capsys.readouterr().out
     assert "paired  1.250" in out and "time  1.000" in out
+    assert "auto [0, 17] it [3, 4]" in out  # rows off the last dense run's labels, run by run
 
 
 def test_diag_search_kernels_find_the_nearest_centroid() -> None:
