@@ -379,7 +379,11 @@ def relocate_empty(engine: Any, sq_distances: torch.Tensor, n_empty: int,
     For engines with ``relocates_on_device``, on one process."""
     empty = engine.counts <= 0
     # The host knows how many clusters are empty (the pass's statistics): no sync for their indices.
-    clusters = torch.nonzero_static(empty, size=n_empty, fill_value=-1).flatten()
+    try:
+        clusters = torch.nonzero_static(empty, size=n_empty, fill_value=-1).flatten()
+    except (AttributeError, NotImplementedError):  # a torch without it (for this device): one sync
+        found = empty.nonzero().flatten()[:n_empty]
+        clusters = torch.cat([found, found.new_full((n_empty - found.numel(),), -1)])
     far_scores = sq_distances if sample_weight is None else torch.where(sample_weight > 0, sq_distances, -1.0)
     rows = torch.topk(far_scores, min(n_empty, far_scores.numel())).indices
     return engine.relocate(rows, clusters[: rows.numel()])

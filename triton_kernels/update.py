@@ -134,23 +134,23 @@ def _move_rows_kernel(
     if target >= 0:
         row = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
         old = tl.load(labels_ptr + row).to(tl.int64)
-        one = tl.full((1,), 0, tl.int64)
-        w = tl.load(weight_ptr + row + one).to(tl.float32) if HAS_WEIGHT else tl.full((1,), 1.0, tl.float32)
-        scale = tl.load(scale_ptr + row + one) if HAS_SCALE else w
-        tl.atomic_add(counts_ptr + old + one, -w, sem="relaxed")
-        tl.store(counts_ptr + target + one, w)
+        single = tl.zeros((1,), tl.int64)  # a one-element axis, for the vector loads and atomics
+        w = tl.load(weight_ptr + row + single).to(tl.float32) if HAS_WEIGHT else tl.full((1,), 1.0, tl.float32)
+        scale = tl.load(scale_ptr + row + single) if HAS_SCALE else w
+        tl.atomic_add(counts_ptr + old + single, -w, sem="relaxed")
+        tl.store(counts_ptr + target + single, w)
         for d0 in range(0, d, BLOCK_D):
             dims = d0 + tl.arange(0, BLOCK_D)
             dim_mask = dims < d
-            live = one == 0
+            live = single == 0
             xr = transform_rows(
-                tl.load(x_ptr + (row + one)[:, None] * stride_xn + dims[None, :] * stride_xd,
+                tl.load(x_ptr + (row + single)[:, None] * stride_xn + dims[None, :] * stride_xd,
                         mask=dim_mask[None, :], other=0.0),
                 live, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
             moved = xr * w[:, None]
-            tl.atomic_add(sums_ptr + (old + one)[:, None] * d + dims[None, :], -moved, mask=dim_mask[None, :],
+            tl.atomic_add(sums_ptr + (old + single)[:, None] * d + dims[None, :], -moved, mask=dim_mask[None, :],
                           sem="relaxed")
-            tl.store(sums_ptr + (target + one)[:, None] * d + dims[None, :], moved, mask=dim_mask[None, :])
+            tl.store(sums_ptr + (target + single)[:, None] * d + dims[None, :], moved, mask=dim_mask[None, :])
 
 
 def move_rows_to_clusters(
