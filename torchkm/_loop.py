@@ -162,7 +162,8 @@ def _relocate_empty(
 
     The moved rows leave their old clusters' sums, so the centroids stay means of their members.
     With several ranks the farthest rows of the whole data set are chosen, and every rank applies
-    the same moves to the (all-reduced) sums.
+    the same moves to the (all-reduced) sums. (On one process the dense and bounds engines do the
+    same on the device instead: ``_ops.relocate_empty``.)
     """
     empty_ids = empty.nonzero().flatten()
     # Rows of zero weight could not fill a cluster, so they are never picked.
