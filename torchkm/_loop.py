@@ -166,9 +166,7 @@ def _relocate_empty(
     same on the device instead: ``_ops.relocate_empty``.)
     """
     empty_ids = empty.nonzero().flatten()
-    # Rows of zero weight could not fill a cluster, so they are never picked.
-    far_scores = sq_distances if sample_weight is None else torch.where(sample_weight > 0, sq_distances, -1.0)
-    scores, far = torch.topk(far_scores, min(empty_ids.numel(), far_scores.numel()))
+    scores, far = _ops.farthest_rows(sq_distances, sample_weight, empty_ids.numel())
     rows = data.take(far).to(sums.dtype)
     w = torch.ones(far.numel(), dtype=sums.dtype, device=sums.device) if sample_weight is None else sample_weight[far].to(sums.dtype)
     old = labels[far]
