@@ -340,16 +340,20 @@ def move_rows(sums_ptr, counts_ptr, labels, prev, w, moved, xr, dims, dim_mask, 
     that persist across passes (``UPDATE_DELTA``), one feature chunk at a time.
 
     float64, so that the sums kept this way over a whole fit stay as accurate as sums taken afresh
-    in float32 every pass (each move rounds once, at 2^-53).
+    in float32 every pass (each move rounds once, at 2^-53). A row's value is the fp32 ``xr * w``,
+    as ``update.float64_sums`` takes it, so that a base from there and the moves cancel exactly.
+    A row with no previous cluster (``prev`` < 0: a dense fit's first pass) only joins its own.
     """
     v = (xr * w[:, None]).to(tl.float64)
     mask = moved[:, None] & dim_mask[None, :]
+    had = moved & (prev >= 0)
     tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], v, mask=mask, sem="relaxed")
-    tl.atomic_add(sums_ptr + prev[:, None] * d + dims[None, :], -v, mask=mask, sem="relaxed")
+    tl.atomic_add(sums_ptr + prev[:, None] * d + dims[None, :], -v, mask=had[:, None] & dim_mask[None, :],
+                  sem="relaxed")
     if add_counts:
         w64 = w.to(tl.float64)
         tl.atomic_add(counts_ptr + labels, w64, mask=moved, sem="relaxed")
-        tl.atomic_add(counts_ptr + prev, -w64, mask=moved, sem="relaxed")
+        tl.atomic_add(counts_ptr + prev, -w64, mask=had, sem="relaxed")
 
 
 @triton.jit

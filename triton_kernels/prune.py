@@ -647,11 +647,12 @@ class BoundsEngine(ReplayedEngine):
         self.active_count.fill_(self.x.shape[0])
         p(self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
           sq_dist=self.sq_dist, zero=(self.record,), lower=self.lower)
-        self._finish(None, p.acc_sums, p.acc_counts, p)
         # The sums every later pass changes by the rows that change cluster (before any relocation
-        # of empty clusters, which changes no label).
+        # of empty clusters, which changes no label), and this pass's update too: so that every
+        # update is of float64 sums, as a dense fit's with ``moves`` (``lloyd.LloydEngine``).
         moves = self.assign_pass
         self._exact_sums(moves.move_sums[0], moves.move_counts[0])
+        self._finish(None, moves.move_sums, moves.move_counts, p)
         self.log[0].copy_(self.record)
 
     def _exact_sums(self, sums: torch.Tensor, counts: torch.Tensor) -> None:

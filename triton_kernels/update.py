@@ -9,7 +9,8 @@ Two kernels behind one ``update``:
                       segmented reduction). Bit-identical reruns.
 The fused assignment kernel (``assign(..., sums=, counts=)``) does the first while it reads x anyway.
 ``float64_sums`` (with ``float64_sums_reference`` in torch) takes the same sums in float64, for the
-bounds engine, whose later passes only add the rows that change cluster to that base.
+bounds engine and dense Lloyd's float64 moves (``configs.dense_moves``), whose later passes only
+move the rows that change cluster from that base.
 Rows are read transformed, ``(x - offset) * row_scale``, as in the assignment kernel.
 """
 
@@ -94,30 +95,29 @@ def _float64_sums_kernel(
 ):
     """A (rows x features) tile added into float64 ``sums`` and ``counts`` by its labels, each
     element by its own atomic, into copy ``program % replicas`` ((replicas, k, d) and (replicas,
-    k)): the rows transformed in float64, ``(x - offset) * row_scale * w``, as
-    ``float64_sums_reference`` does (the kernels' fp32 transform would round)."""
+    k)); rows labelled < 0 are left out. A row's value is the fp32 ``(x - offset) * row_scale * w``
+    the passes' moves add and take away (``_common.move_rows``), in float64 from there."""
     copy = (tl.program_id(0) % replicas).to(tl.int64)
     sums_ptr += copy * k * d
     counts_ptr += copy * k
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < n
+    labels = tl.load(labels_ptr + rows, mask=rows < n, other=-1).to(tl.int64)
+    row_mask = (rows < n) & (labels >= 0)
     dims = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dim_mask = dims < d
-    labels = tl.load(labels_ptr + rows, mask=row_mask, other=0).to(tl.int64)
     if HAS_WEIGHT:
-        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float64)
+        w = tl.load(weight_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     else:
-        w = row_mask.to(tl.float64)
-    factor = w
-    if HAS_SCALE:
-        factor = factor * tl.load(scale_ptr + rows, mask=row_mask, other=1.0).to(tl.float64)
+        w = row_mask.to(tl.float32)
+    scale = tl.load(scale_ptr + rows, mask=row_mask, other=1.0) if HAS_SCALE else w
     mask = row_mask[:, None] & dim_mask[None, :]
-    xr = tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float64)
-    if HAS_OFFSET:
-        xr = xr - tl.load(offset_ptr + dims, mask=dim_mask, other=0.0).to(tl.float64)[None, :]
-    tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], xr * factor[:, None], mask=mask, sem="relaxed")
+    xr = transform_rows(tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=mask, other=0.0),
+                        row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale,
+                        HAS_OFFSET, HAS_SCALE)
+    tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], (xr * w[:, None]).to(tl.float64), mask=mask,
+                  sem="relaxed")
     if tl.program_id(1) == 0:
-        tl.atomic_add(counts_ptr + labels, w, mask=row_mask, sem="relaxed")
+        tl.atomic_add(counts_ptr + labels, w.to(tl.float64), mask=row_mask, sem="relaxed")
 
 
 @triton.jit
@@ -291,10 +291,12 @@ def float64_sums(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-cluster sums and counts (total weights) of the rows as the kernels transform them,
-    ``(x - offset) * row_scale`` times the weight, in float64: one launch of float64 atomics into
-    ``configs.float64_replicas`` copies, then their sum; no float64 copy of the rows
-    (``float64_sums_reference`` converts them in chunks: about ten torch launches a chunk of 16 MB).
-    The order of the additions varies between runs, in float64.
+    ``(x - offset) * row_scale`` times the weight (in fp32, as the passes' moves take each row, so
+    that such a base and later moves cancel exactly), added in float64: one launch of float64
+    atomics into ``configs.float64_replicas`` copies, then their sum; no float64 copy of the rows
+    (``float64_sums_reference``: about ten torch launches a chunk of 16 MB). Rows labelled < 0 are
+    left out. The order of the additions varies between runs, in float64, where it rounds: sums of
+    fp32 values of similar size come out exact, in any order.
 
     ``out``: float64 ``(sums, counts)`` to write into (e.g. buffers a CUDA graph replays)."""
     n, d = x.shape
@@ -330,28 +332,30 @@ def float64_sums_reference(
     row_scale: torch.Tensor | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pure-torch reference of ``float64_sums``: float64 rows in chunks of at most 16 MB."""
+    """Pure-torch reference of ``float64_sums``: the rows transformed in fp32, then float64, in
+    chunks of at most 16 MB."""
     n, d = x.shape
     sums, counts = _float64_out(out, n_clusters, d, x.device)
     sums.zero_()
     counts.zero_()
-    shift = None if offset is None else offset.double()
+    shift = None if offset is None else offset.float()
     chunk = max(1, (1 << 21) // max(1, d))
     for start in range(0, n, chunk):
         end = min(n, start + chunk)
-        rows = x[start:end].double()
-        if shift is not None:
-            rows -= shift
-        if row_scale is not None:
-            rows *= row_scale[start:end, None].double()
         lab = labels[start:end].long()
-        if sample_weight is None:
-            w = torch.ones(end - start, dtype=torch.float64, device=x.device)
+        kept = lab >= 0
+        rows = x[start:end].float()
+        if shift is not None:
+            rows = rows - shift
+        if row_scale is not None:
+            rows = rows * row_scale[start:end, None].float()
+        if sample_weight is not None:
+            w = sample_weight[start:end].float()
+            rows = rows * w[:, None]
         else:
-            w = sample_weight[start:end].double()
-            rows *= w[:, None]
-        sums.index_add_(0, lab, rows)
-        counts.index_add_(0, lab, w)
+            w = torch.ones(end - start, dtype=torch.float32, device=x.device)
+        sums.index_add_(0, lab[kept], rows[kept].double())
+        counts.index_add_(0, lab[kept], w[kept].double())
     return sums, counts
 
 

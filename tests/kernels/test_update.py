@@ -39,14 +39,18 @@ def test_update_matches_reference(deterministic, d, k):
 def test_float64_sums_match_reference(monkeypatch, replicas, dtype, d, k):
     """The float64 scatter (one launch of float64 atomics, into ``configs.float64_replicas``
     copies or, ``TORCHKM_F64_REPLICAS=1``, straight into the sums) against its torch reference,
-    with and without weights, offset and row scales, int32 and int64 labels, into poisoned
-    ``out`` buffers: equal but for the float64 additions' order."""
+    with and without weights, offset and row scales, int32 and int64 labels, rows labelled -1 (left
+    out), into poisoned ``out`` buffers: equal but for the float64 additions' order. Each row counts
+    as its fp32 transform, the value the passes' moves add and take away."""
     if replicas:
         monkeypatch.setenv("TORCHKM_F64_REPLICAS", replicas)
     g = torch.Generator().manual_seed(d * 11 + k)
     n = 301
     x = (torch.randn(n, d, generator=g) * 3 + 1).to(dtype).to(DEVICE)
-    labels = torch.randint(0, k, (n,), generator=g).to(DEVICE)
+    labels = torch.randint(0, k, (n,), generator=g)
+    labels[torch.randperm(n, generator=g)[:40]] = -1
+    labels = labels.to(DEVICE)
+    kept = labels >= 0
     w = torch.rand(n, generator=g).to(DEVICE)
     offset = torch.randn(d, generator=g).to(DEVICE)
     scale = (torch.rand(n, generator=g) + 0.5).to(DEVICE)
@@ -59,6 +63,11 @@ def test_float64_sums_match_reference(monkeypatch, replicas, dtype, d, k):
             ref_sums, ref_counts = float64_sums_reference(x, lab, k, **kw)
             torch.testing.assert_close(sums, ref_sums, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(counts, ref_counts, rtol=1e-12, atol=1e-12)
+        rows = x.float()
+        if kw:
+            rows = (rows - offset) * scale[:, None] * w[:, None]
+        want = torch.zeros(k, d, dtype=torch.float64, device=DEVICE).index_add_(0, labels[kept], rows[kept].double())
+        torch.testing.assert_close(ref_sums, want, rtol=1e-12, atol=1e-12)
     empty = float64_sums(x[:0], labels[:0], k)
     assert not empty[0].any() and not empty[1].any()
 
