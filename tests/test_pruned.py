@@ -588,3 +588,52 @@ def test_empty_clusters_relocated_on_the_device_as_by_torch_ops(kernels, monkeyp
     _same_fit(got, want)
     assert [h.empty_clusters for h in got.history] == [h.empty_clusters for h in want.history]
     assert [h.center_shift for h in got.history] == pytest.approx([h.center_shift for h in want.history], rel=1e-4)
+
+
+@pytest.mark.parametrize("case", ["plain", "weighted", "cosine", "empty clusters", "auto"])
+def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch, case):
+    """Dense Lloyd with float64 moves (``TORCHKM_DENSE_MOVES=1``, more than 64 clusters): its sums
+    are the bounds engine's, float64 sums of fp32 rows, which come out the same in any order of the
+    atomics. So a dense fit and a pruned fit take the same steps: equal labels and iteration counts,
+    and centroids equal to the last bit, pass for pass; and the fit's labels are those of the fp32
+    sums' dense fit. ``auto``: the hybrid tries the bounds engine and hands the run back to the
+    dense engine (its sums then those of the labels it takes over), and still takes those steps."""
+    from torchkm._kernels import lloyd
+
+    from torchkm import _loop
+
+    k = 80
+    x = _seed000(720, 17, k, 0.02, 5)
+    kw = {"init": "random", "random_state": 2, "max_iter": 30, "tol": 0.0}
+    if case == "weighted":
+        w = torch.rand(720, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+        w[::9] = 0.0
+        kw["sample_weight"] = w
+    if case == "cosine":
+        x, kw["metric"] = x + 0.5, "cosine"
+    if case == "empty clusters":
+        kw["init"] = torch.cat([x[:k - 3], x[:2], torch.full((1, 17), 40.0, device=DEVICE)])
+    monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
+    fp32_sums = torchkm.fit(x, k, **kw)
+    monkeypatch.setenv("TORCHKM_DENSE_MOVES", "1")
+    engines = []
+    init = lloyd.LloydEngine.__init__
+    monkeypatch.setattr(lloyd.LloydEngine, "__init__", lambda self, *a, **kws: init(self, *a, **kws) or engines.append(self))
+    dense = torchkm.fit(x, k, **kw)
+    assert engines and all(e.moves for e in engines)
+    pruned = torchkm.fit(x, k, algorithm="pruned", **kw)
+    assert {h.kernel for h in pruned.history} == {"pruned"}
+    if case == "auto":
+        monkeypatch.setattr(_loop._Hybrid, "min_work", 0)
+        monkeypatch.setattr(_loop._Hybrid, "trial_share", float("inf"))  # try as soon as a dense pass is timed
+        monkeypatch.setattr(_loop._Hybrid, "trials", 1)
+        _dense_passes_cost_nothing(monkeypatch, patience=2)
+        pruned = torchkm.fit(x, k, algorithm="auto", **kw)
+        runs = [kernel for kernel, _ in itertools.groupby(h.kernel for h in pruned.history)]
+        assert runs == ["lloyd", "pruned", "lloyd"]
+    assert torch.equal(dense.centroids, pruned.centroids) and torch.equal(dense.labels, pruned.labels)
+    assert [h.center_shift for h in dense.history] == [h.center_shift for h in pruned.history]
+    _same_fit(dense, pruned)
+    _same_fit(dense, fp32_sums)
+    if case == "empty clusters":
+        assert dense.history[0].empty_clusters >= 2

@@ -2570,6 +2570,9 @@ class AssignPass:
         ``move_counts``."""
         if moves and (self.move_sums is None or prev_labels is None):
             raise ValueError("moves=True needs an AssignPass built with moves=True, and prev_labels")
+        if moves and rows is None and self.update == UPDATE_CARRY:
+            # Its programs are persistent, and only a row list (or carried sums) walks their tiles.
+            raise ValueError("moves=True over every row needs more clusters than carried sums take (see carries)")
         n, d = x.shape
         searched = bool(self.main_grid and self.hopper and rows is None and row_scale is None
                         and hopper_search.traced(x) == self.traced
@@ -2715,8 +2718,12 @@ class AssignPass:
         candidates = split_research and bool(self.cand_cap) and bool(bound_args["DISTANCE_BOUND"])
         chunk_mins = candidates and self.chunk_mins is not None and bool(self.main_grid) and not searched
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
-        # product's operands) spill registers.
-        epilogue_width = 16 if self.update == UPDATE_ONEHOT else 32
+        # product's operands) spill registers. Moves hold two row pointers and float64 values a
+        # chunk: Triton 3.6, sm_90 (scripts/compile_sm90.py's stand-ins, 2026-12-05), 245,760 x 32,
+        # k = 1,024: the dense passes' lazy search under its register caps spilled 260 / 340 bytes
+        # (exact / fast fp32; 56 / 60 with fp32 sums) over 32 features a chunk, none over 16; the
+        # bounds engine's list search 255 registers and 20 bytes, over 16 208 and none. (Not timed.)
+        epilogue_width = 16 if self.update == UPDATE_ONEHOT or moves else 32
         if self.main_grid:
             cfg = self.half_cfg if half else self.cfg
             if searched:

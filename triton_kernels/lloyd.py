@@ -21,10 +21,11 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ._common import capture, launch_key, warm_graphs
-from .assign import AssignPass
+from ._common import capture, launch_key, onehot_max_k, warm_graphs
+from .assign import SMALL_D, AssignPass
 from .centroids import finish_update
-from .update import move_rows_to_clusters
+from .configs import dense_moves
+from .update import float64_sums, move_rows_to_clusters
 
 __all__ = ["LloydEngine", "ReplayedEngine", "ReplayedPass", "capture", "device_tol", "launch_key"]
 
@@ -275,6 +276,12 @@ class LloydEngine(ReplayedEngine):
     ``read``. ``block > 1`` makes ``run_block`` run blocks of iterations (module docstring);
     ``timed``: ``pass_seconds`` holds the time of each iteration of the last ``read`` (see
     ``ReplayedPass``), ``pass_kinds`` how each ran.
+
+    ``moves`` (default ``configs.dense_moves``; one process only): the sums are kept in float64
+    across passes and each pass moves only the rows whose label changed (the bounds engine's
+    ``AssignPass(moves=True)``), so that fits repeat and take the bounds engine's steps. The base
+    they start from: the rows by their labels (``update.float64_sums``) when a run starts or
+    restarts; rows labelled -1 (a fit's first pass ahead) join their cluster in that pass.
     """
 
     kernel = "lloyd"
@@ -287,7 +294,7 @@ class LloydEngine(ReplayedEngine):
         self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *, precision: str,
         offset: torch.Tensor | None, row_scale: torch.Tensor | None, raw_norms: torch.Tensor | None,
         sample_weight: torch.Tensor | None, normalize: bool, tol: float, block: int = 1, graphs: bool = False,
-        all_reduce: Callable[[torch.Tensor], object] | None = None, timed: bool = False,
+        all_reduce: Callable[[torch.Tensor], object] | None = None, timed: bool = False, moves: bool | None = None,
     ):
         k, d = centroids.shape
         device = x.device
@@ -295,7 +302,15 @@ class LloydEngine(ReplayedEngine):
         # The engine's own copy of the offset, which ``restart`` overwrites.
         self.inputs = {"offset": None if offset is None else offset.clone(), "row_scale": row_scale,
                        "raw_norms": raw_norms, "sample_weight": sample_weight}
-        self.assign_pass = AssignPass(x, k, precision, update=True, scaled=row_scale is not None, fixed_rows=True)
+        if moves is None:
+            moves = dense_moves(k, d) and all_reduce is None
+        if moves and (all_reduce is not None or d <= SMALL_D or k <= onehot_max_k(d)):
+            # (Several ranks would each move their own rows in sums that every rank holds whole.)
+            raise ValueError(f"float64 moves need one process, d > {SMALL_D} and more than {onehot_max_k(d)} clusters")
+        self.moves = moves
+        self._rebase = moves  # the float64 base is taken before the next pass (``_take_base``)
+        self.assign_pass = AssignPass(x, k, precision, update=True, scaled=row_scale is not None, fixed_rows=True,
+                                      moves=moves)
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
@@ -313,20 +328,34 @@ class LloydEngine(ReplayedEngine):
     def restart(self, centroids: torch.Tensor, offset: torch.Tensor | None = None) -> None:
         """Start another run on the same rows from ``centroids`` (``ReplayedEngine._start_from``)."""
         self._start_from(centroids, offset)
+        self._rebase = self.moves
+
+    def _take_base(self) -> None:
+        """With ``moves``, at a run's first pass: the float64 sums and counts the passes move rows
+        between, those of the rows by their current labels. A new fit's rows are all labelled -1
+        (none counts: its first pass adds every row); a run the hybrid hands back to this engine
+        starts from the labels of the other engine's last pass."""
+        if not self._rebase:
+            return
+        p, inp = self.assign_pass, self.inputs
+        float64_sums(self.x, self.labels, self.c.shape[0], sample_weight=inp["sample_weight"], offset=inp["offset"],
+                     row_scale=inp["row_scale"], out=(p.move_sums[0], p.move_counts[0]))
+        self._rebase = False
 
     def _iteration(self, has_prev: bool, in_block: bool) -> None:
         control = self.control if in_block else None
-        self.assign_pass(
-            self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev else None, labels=self.labels,
-            zero=(self.stats,), control=control, stats_prev=self.stats_prev if in_block else None, iteration=0,
-            tol=self.tol_device,
-        )
         p = self.assign_pass
+        p(
+            self.x, self.c, **self.inputs, prev_labels=self.labels if has_prev or self.moves else None,
+            labels=self.labels, zero=(self.stats,), control=control, stats_prev=self.stats_prev if in_block else None,
+            iteration=0, tol=self.tol_device, moves=self.moves, clear=not self.moves,
+        )
         if self.all_reduce is not None:
             # Every rank has the same replica layout (it depends on k and d only), so summing the
             # raw accumulators gives each rank the sums of all shards, and the same update.
             self.all_reduce(p.acc)
-        finish_update(p.acc_sums, p.acc_counts, self.c, p.part_inertia, p.part_changed, self.stats,
+        sums, counts = (p.move_sums, p.move_counts) if self.moves else (p.acc_sums, p.acc_counts)
+        finish_update(sums, counts, self.c, p.part_inertia, p.part_changed, self.stats,
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
                       control=control, record=self.recording if in_block else None)
         if self.all_reduce is not None:
@@ -346,12 +375,17 @@ class LloydEngine(ReplayedEngine):
             self.run_block(1)
             return
         self._passes.begin(single="initial")
+        if self.moves:  # no previous labels: every row joins its cluster
+            self.labels.fill_(-1)
+            self.assign_pass.move_acc.zero_()
+            self._rebase = False
         self._iteration(False, in_block=False)
         self.log[0].copy_(self.stats)
 
     def run_block(self, iterations: int) -> None:
         """Up to ``iterations`` (<= block) iterations after the first, with no host sync: an
         iteration after one that met a stopping rule, or left a cluster empty, does nothing."""
+        self._take_base()
         self._run_passes(iterations, self.stats)
 
     def read(self, rows: int) -> list[list[float]]:

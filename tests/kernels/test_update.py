@@ -1,5 +1,6 @@
 """triton_kernels/update.py (atomic and sorted-deterministic) against a float64 reference."""
 
+import numpy as np
 import pytest
 import torch
 from torchkm._kernels.assign import assign
@@ -185,3 +186,73 @@ def test_lloyd_passes_count_the_labels_they_change_in_place(precision, d, k):
                          row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1), sample_weight=None,
                          normalize=False, tol=0.0)
     assert_passes_count_changed_labels(engine, 4)
+
+
+@pytest.mark.parametrize("d,k", [(17, 100), (33, 70)])
+def test_dense_engine_float64_moves_keep_the_sums_of_rows_by_label(d, k):
+    """``LloydEngine(moves=True)``: after every pass the float64 sums the passes move rows between
+    are the sums of the rows (fp32 transforms, weighted) by their labels, and the passes' labels
+    and counts are the fp32 sums engine's. A new fit's rows are labelled -1 (its first pass adds
+    them all), ``iterate(has_prev=False)`` does the same, and a restart over labelled rows (the
+    hybrid handing a run back) starts from the sums of those labels."""
+    from torchkm._kernels.assign import AssignPass
+    from torchkm._kernels.lloyd import LloydEngine
+
+    n = 2_003 if ON_GPU else 301
+    g = torch.Generator().manual_seed(d * k)
+    centres = torch.rand(k, d, generator=g)
+    x = (centres[torch.randint(0, k, (n,), generator=g)] + 0.05 * torch.randn(n, d, generator=g)).to(DEVICE)
+    c = x[torch.randperm(n, generator=g)[:k].to(DEVICE)] + 0.01 * torch.randn(k, d, generator=g).to(DEVICE)
+    w = (torch.rand(n, generator=g) + 0.1).to(DEVICE)
+    offset = x.mean(0)
+    inputs = {"offset": offset, "row_scale": None, "raw_norms": None, "sample_weight": w}
+    common = {**inputs, "normalize": False, "tol": 0.0, "precision": "exact", "block": 2}
+
+    def engine(moves, start=c):
+        labels = torch.full((n,), -1, dtype=torch.int32, device=DEVICE)
+        return LloydEngine(x, start - offset, labels, moves=moves, **common)
+
+    def run(e, passes, first=True):
+        """A fit's passes: the first in a block of its own (as ``_loop.lloyd`` runs it), then blocks
+        of two; with ``moves``, the sums and centroids checked after each."""
+        rows = []
+        while len(rows) < passes:
+            e.run_block(1 if first and not rows else 2)
+            rows += e.read(1 if first and len(rows) == 0 else 2)
+            if e.moves:
+                sums, counts = float64_sums_reference(x, e.labels, k, sample_weight=w, offset=offset)
+                p = e.assign_pass
+                torch.testing.assert_close(p.move_sums[0], sums, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(p.move_counts[0], counts, rtol=1e-12, atol=1e-12)
+                filled = counts > 0  # (a pass that leaves a cluster empty stops the block: no relocation here)
+                torch.testing.assert_close(e.c[filled], (sums / counts[:, None]).float()[filled], rtol=1e-6, atol=1e-7)
+        return rows
+
+    moving, plain = engine(True), engine(False)
+    assert moving.moves and not plain.moves
+    rows, plain_rows = run(moving, 7), run(plain, 7)
+    assert [r[2] for r in rows] == [r[2] for r in plain_rows]  # labels changed, pass by pass
+    np.testing.assert_allclose([r[0] for r in rows], [r[0] for r in plain_rows], rtol=1e-5)
+    assert torch.equal(moving.labels, plain.labels)
+    # A restart over labelled rows (the hybrid handing a run back): the base is their sums.
+    moving.restart(moving.c + 1e-3)
+    run(moving, 2, first=False)
+    # A new fit's restart: labels -1, as from a new engine; and a first pass without previous labels.
+    start = c + 0.02 * torch.randn(k, d, generator=g).to(DEVICE)
+    moving.restart(start - offset)
+    moving.labels.fill_(-1)
+    fresh, initial = engine(True, start), engine(True, start)
+    rows, fresh_rows = run(moving, 5), run(fresh, 5)
+    initial.iterate(has_prev=False)
+    initial_rows = initial.read(1) + run(initial, 4, first=False)
+    assert rows == fresh_rows == initial_rows
+    assert torch.equal(moving.c, fresh.c) and torch.equal(fresh.c, initial.c)
+    with pytest.raises(ValueError, match="float64 moves"):
+        LloydEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), moves=True, all_reduce=lambda t: None,
+                    **common)
+    with pytest.raises(ValueError, match="float64 moves"):
+        LloydEngine(x, c[:64], torch.empty(n, dtype=torch.int32, device=DEVICE), moves=True, **common)
+    few = AssignPass(x, 7, "exact", update=True, moves=True)
+    if few.update == 3:  # carried sums: persistent programs, which walk every tile only with a row list
+        with pytest.raises(ValueError, match="carried sums"):
+            few(x, c[:7], **inputs, prev_labels=moving.labels, labels=moving.labels, moves=True)
