@@ -2723,7 +2723,10 @@ class AssignPass:
         # k = 1,024: the dense passes' lazy search under its register caps spilled 260 / 340 bytes
         # (exact / fast fp32; 56 / 60 with fp32 sums) over 32 features a chunk, none over 16; the
         # bounds engine's list search 255 registers and 20 bytes, over 16 208 and none. (Not timed.)
-        epilogue_width = 16 if self.update == UPDATE_ONEHOT or moves else 32
+        # ``TORCHKM_EPILOGUE_WIDTH`` sets it (experiments: the register caps of the lazy search at
+        # 245,760 x 32, k = 1,024 left 56 / 64 bytes of spills over 32 features, none over 16).
+        epilogue_width = (int(os.environ.get("TORCHKM_EPILOGUE_WIDTH", "0"))
+                          or (16 if self.update == UPDATE_ONEHOT or moves else 32))
         if self.main_grid:
             cfg = self.half_cfg if half else self.cfg
             if searched:

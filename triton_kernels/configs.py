@@ -25,7 +25,8 @@ clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums`
 ``TORCHKM_LAZY_KEYS`` (``1``/``0``: packed keys in the lazy search from 2 centroid tiles / never;
 see ``assign.AssignPass._lazy_bits``) and ``TORCHKM_ASSIGN_MAXNREG`` (that search's register caps,
 see ``lazy_register_cap``) and ``TORCHKM_DENSE_MOVES=1`` (dense Lloyd keeps float64 sums across
-passes; see ``dense_moves``).
+passes; see ``dense_moves``) and ``TORCHKM_EPILOGUE_WIDTH`` (features per chunk of the assignment
+epilogue; see ``assign.AssignPass.__call__``).
 """
 
 from __future__ import annotations
