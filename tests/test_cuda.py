@@ -473,3 +473,26 @@ def test_cuda_module_with_a_device_labels_host_rows_on_it(x_cpu, tmp_path):
     assert labels.device.type == "cpu"
     assert torch.equal(labels, km.predict(x_cpu.cuda()).cpu())
     assert km.score(rows) == pytest.approx(km.score(x_cpu.cuda()), rel=1e-5)
+
+
+def test_float64_moves_make_dense_fits_repeat_and_follow_pruned_fits(monkeypatch):
+    """Dense Lloyd with float64 moves (``TORCHKM_DENSE_MOVES=1``): fits of one start repeat to the
+    last bit, at a size where the fp32 sums' atomics part repeated fits (seed 000's group B at 16x
+    the rows: 633-946 labels and up to 13 iterations apart, H200, 2026-12-05), and take the bounds
+    engine's steps (its sums are the same float64 sums; the two engines' direct fp32 distances are
+    summed in other orders, so a row on a tie within rounding may go either way: a few rows at
+    most). Random rows as the start, so that some clusters start empty and are relocated."""
+    monkeypatch.setenv("TORCHKM_DENSE_MOVES", "1")
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    n, d, k = 491_520, 32, 1024
+    centres = torch.rand(k, d, device="cuda", generator=g)
+    x = centres[torch.arange(n, device="cuda") % k] + 0.0125**0.5 * torch.randn(n, d, device="cuda", generator=g)
+    start = x[torch.randint(0, n, (k,), device="cuda", generator=g)]
+    kw = {"init": start, "max_iter": 60, "tol": 0.0}
+    first, again = torchkm.fit(x, k, **kw), torchkm.fit(x, k, **kw)
+    assert torch.equal(first.centroids, again.centroids) and torch.equal(first.labels, again.labels)
+    assert [h.center_shift for h in first.history] == [h.center_shift for h in again.history]
+    pruned = torchkm.fit(x, k, algorithm="pruned", **kw)
+    assert {h.kernel for h in pruned.history} == {"pruned"}
+    off = int((first.labels != pruned.labels).sum())
+    assert off <= 50 and abs(first.n_iter - pruned.n_iter) <= 2, (off, first.n_iter, pruned.n_iter)
