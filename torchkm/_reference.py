@@ -25,11 +25,11 @@ __all__ = ["DataView", "assign", "gather_codes", "pairwise_sq_distances", "strai
 
 # Temporaries of one chunk (a rows x k distance block) stay near this many elements; on the CPU
 # near a quarter of that, so that a chunk's blocks stay in cache instead of being allocated (and
-# faulted in) afresh each time. scripts/diag_cpu_engine.py (2 cores, torch 2.13, 2026-12-05, best
-# of 5 fits of 10 iterations), ms an iteration with 2^22 -> 2^20 elements: 100,000 x 32, k = 64
-# 16.2 -> 10.8; 50,000 x 128, k = 256 58.8 -> 29.5; 20,000 x 64, k = 1,000 24.4 -> 23.8; 200,000
-# x 16, k = 16 23.9 -> 10.4 (scikit-learn 4.9, 21.8, 20.7, 3.3; faiss-cpu 5.3, 19.1, 18.1, 8.2).
-# 2^18 is level with 2^20 (10.2, 30.1, 27.4, 9.0).
+# faulted in) afresh each time. scripts/diag_cpu_engine.py, 2 cores, torch 2.13, 2026-12-05, ms a
+# Lloyd iteration, best of three runs (benchmarks/results/2026-12-05_cpu_s19_cpu_engine.txt),
+# 2^22 -> 2^20 elements: 100,000 x 32, k = 64 17.3 -> 12.2; 50,000 x 128, k = 256 44.6 -> 34.0;
+# 20,000 x 64, k = 1,000 26.2 -> 24.3; 200,000 x 16, k = 16 15.3 -> 9.6. 2^18: 11.6, 32.0, 25.7,
+# 9.2 (level; this shared machine's runs vary by up to half).
 _ASSIGN_CHUNK_ELEMENTS = 1 << 22
 _CPU_CHUNK_ELEMENTS = 1 << 20
 # CPU rows of at most this many elements are transformed once per view and kept (``DataView.resident``).
