@@ -28,6 +28,10 @@ fits skip the set-up the untimed first one paid; ``--cold`` times fits that set 
 (torch.profiler), grouped into labeling, inter-centroid distances (ICD), their ranking (RID), the
 bounds' settle pass, the update, reordering and the rest.
 
+``--algorithms ... lloyd-moves`` adds dense Lloyd with float64 moves (``TORCHKM_DENSE_MOVES=1``, see
+``torchkm._kernels.configs.dense_moves``; not among the defaults), whose sums are the bounds engine's:
+``labels_differ_from_moves_runs`` then counts each run's final labels against its last run's.
+
     python benchmarks/bench_prune.py --json out/bench_prune.json [--sizes 1 16] [--sigma2 0.0125 0.05 0.3] \
         [--sift .data/sift.npy --sift-k 4096] [--repeats 3] [--decompose]
 """
@@ -51,7 +55,8 @@ from torchkm._kernels.assign import assign as kernel_assign
 
 from torchkm import _loop
 
-ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
+ALGORITHMS = ("lloyd", "pruned", "triangle", "auto", "lloyd-moves")
+DEFAULT_ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
 BASE_N = 245_760
 
 
@@ -90,10 +95,22 @@ def run(x: torch.Tensor, c0: torch.Tensor, algorithm: str, max_iter: int,
     data, offset = centred_view(x)
     if tol is None:
         tol = default_tol(data)
-    synchronize(x)
-    t0 = time.perf_counter()
-    out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=max_iter, tol=tol, algorithm=algorithm)
-    synchronize(x)
+    moves = algorithm == "lloyd-moves"
+    saved = os.environ.get("TORCHKM_DENSE_MOVES")
+    if moves:  # read when an engine is built; the kept engines are keyed by the environment too
+        os.environ["TORCHKM_DENSE_MOVES"] = "1"
+    try:
+        synchronize(x)
+        t0 = time.perf_counter()
+        out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=max_iter, tol=tol,
+                          algorithm="lloyd" if moves else algorithm)
+        synchronize(x)
+    finally:
+        if moves:
+            if saved is None:
+                del os.environ["TORCHKM_DENSE_MOVES"]
+            else:
+                os.environ["TORCHKM_DENSE_MOVES"] = saved
     return out, (time.perf_counter() - t0) * 1e3
 
 
@@ -153,7 +170,7 @@ def main() -> None:
     parser.add_argument("--sigma2", type=float, nargs="+", default=[0.0125, 0.05, 0.1, 0.2, 0.3])
     parser.add_argument("--sift", default=None, help="a .npy of SIFT descriptors (benchmarks/sift_data.py)")
     parser.add_argument("--sift-k", type=int, nargs="+", default=[4096])
-    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    parser.add_argument("--algorithms", nargs="+", default=list(DEFAULT_ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--max-iter", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decompose", action="store_true", help="seed 000 Table I: GPU time by component")
@@ -238,6 +255,9 @@ def main() -> None:
                 # Rows whose final label differs from the last dense run's, run by run: set beside
                 # the dense runs' own (fp32 atomic sums: two dense runs may differ as well).
                 "labels_differ_from_lloyd_runs": [int((o.labels != ref.labels).sum()) for o, _ in timed],
+                # ... and from the last run of dense Lloyd with float64 moves, where it ran.
+                **({"labels_differ_from_moves_runs": [int((o.labels != runs["lloyd-moves"][-1][0].labels).sum())
+                                                      for o, _ in timed]} if "lloyd-moves" in runs else {}),
                 "skipped": sum(h.skipped for h in later) / len(later),
                 "skipped_bound": sum(h.skipped_bound for h in later) / len(later),
                 "imbalance": sum(h.imbalance for h in later) / len(later),
@@ -294,6 +314,12 @@ def report(rows: list[dict], algorithms: list[str]) -> None:
             s2 = "-" if r["sigma2"] is None else r["sigma2"]
             print(f"{r['data']:>17} {r['k']:>5} {s2:>6} | " + " | ".join(
                 f"{a} {r[a].get('labels_differ_from_lloyd_runs')} it {r[a].get('iters_runs')}" for a in algorithms))
+    if "lloyd-moves" in algorithms:
+        print("\nrows whose final label differs from the last run of dense Lloyd with float64 moves, run by run")
+        for r in rows:
+            s2 = "-" if r["sigma2"] is None else r["sigma2"]
+            print(f"{r['data']:>17} {r['k']:>5} {s2:>6} | " + " | ".join(
+                f"{a} {r[a].get('labels_differ_from_moves_runs')}" for a in algorithms))
     parts = [label for label, _ in COMPONENTS] + ["other"]
     decomposed = [(r, a) for r in rows for a in algorithms if "decomposition_ms" in r.get(a, {})]
     if decomposed:

@@ -156,6 +156,33 @@ def test_bench_prune_pairs_rounds_and_reports_auto_against_dense(capsys) -> None
     assert "auto [0, 17] it [3, 4]" in out  # rows off the last dense run's labels, run by run
 
 
+def test_bench_prune_runs_dense_lloyd_with_float64_moves(monkeypatch, capsys) -> None:
+    """``--algorithms ... lloyd-moves``: dense Lloyd with ``TORCHKM_DENSE_MOVES=1`` for that fit only
+    (the environment restored after it), and its table of label differences."""
+    import pytest
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    from torchkm._kernels import lloyd
+
+    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    monkeypatch.delenv("TORCHKM_DENSE_MOVES", raising=False)
+    engines = []
+    init = lloyd.LloydEngine.__init__
+    monkeypatch.setattr(lloyd.LloydEngine, "__init__", lambda self, *a, **kw: init(self, *a, **kw) or engines.append(self))
+    x = bench_prune.seed000_data(400, 17, 70, 0.01, seed=5, device=device)
+    moved, _ = bench_prune.run(x, x[:70].clone(), "lloyd-moves", 6)
+    plain, _ = bench_prune.run(x, x[:70].clone(), "lloyd", 6)
+    assert [e.moves for e in engines] == [True, False] and "TORCHKM_DENSE_MOVES" not in os.environ
+    assert torch.equal(moved.labels, plain.labels) and moved.n_iter == plain.n_iter
+    entry = {"ms": 2.0, "n_iter": 3, "labels_exact": True, "labels_differ_from_moves_runs": [0, 0]}
+    rows = [{"data": "seed000 400x17", "n": 400, "d": 17, "k": 70, "sigma2": 0.01, "floor_ms": 0.1,
+             "pruned": entry, "lloyd-moves": entry}]
+    bench_prune.report(rows, ["pruned", "lloyd-moves"])
+    assert "pruned [0, 0] | lloyd-moves [0, 0]" in capsys.readouterr().out
+
+
 def test_diag_search_kernels_find_the_nearest_centroid() -> None:
     """scripts/diag_search.py's stand-alone kernels (whose times BENCHMARKS.md quotes) agree with
     torch, in every orientation and epilogue but the index-free one."""
