@@ -45,6 +45,7 @@ import platform
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 import triton
@@ -96,21 +97,13 @@ def run(x: torch.Tensor, c0: torch.Tensor, algorithm: str, max_iter: int,
     if tol is None:
         tol = default_tol(data)
     moves = algorithm == "lloyd-moves"
-    saved = os.environ.get("TORCHKM_DENSE_MOVES")
-    if moves:  # read when an engine is built; the kept engines are keyed by the environment too
-        os.environ["TORCHKM_DENSE_MOVES"] = "1"
-    try:
+    # (Read when an engine is built; the kept engines are keyed by the environment too.)
+    with mock.patch.dict(os.environ, {"TORCHKM_DENSE_MOVES": "1"} if moves else {}):
         synchronize(x)
         t0 = time.perf_counter()
         out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=max_iter, tol=tol,
                           algorithm="lloyd" if moves else algorithm)
         synchronize(x)
-    finally:
-        if moves:
-            if saved is None:
-                del os.environ["TORCHKM_DENSE_MOVES"]
-            else:
-                os.environ["TORCHKM_DENSE_MOVES"] = saved
     return out, (time.perf_counter() - t0) * 1e3
 
 

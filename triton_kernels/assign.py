@@ -2718,13 +2718,13 @@ class AssignPass:
         candidates = split_research and bool(self.cand_cap) and bool(bound_args["DISTANCE_BOUND"])
         chunk_mins = candidates and self.chunk_mins is not None and bool(self.main_grid) and not searched
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
-        # product's operands) spill registers. Moves hold two row pointers and float64 values a
-        # chunk: Triton 3.6, sm_90 (scripts/compile_sm90.py's stand-ins, 2026-12-05), 245,760 x 32,
-        # k = 1,024: the dense passes' lazy search under its register caps spilled 260 / 340 bytes
-        # (exact / fast fp32; 56 / 60 with fp32 sums) over 32 features a chunk, none over 16; the
-        # bounds engine's list search 255 registers and 20 bytes, over 16 208 and none. (Not timed.)
-        # ``TORCHKM_EPILOGUE_WIDTH`` sets it (experiments: the register caps of the lazy search at
-        # 245,760 x 32, k = 1,024 left 56 / 64 bytes of spills over 32 features, none over 16).
+        # product's operands) spill registers. Triton 3.6, sm_90 (scripts/compile_sm90.py's
+        # stand-ins, 2026-12-05, benchmarks/results/2026-12-05_cpu_s19_compile_*), 245,760 x 32,
+        # k = 1,024, over 32 features a chunk: the dense pass's lazy search under its register caps
+        # spills 56 / 64 bytes (exact / fast fp32), and with moves (two row pointers and float64
+        # values a chunk) 260 / 340; the bounds engine's list search uses 255 registers and spills
+        # 20. Over 16 none spill (the list search 208 registers). Moves take 16; the rest stays at 32
+        # until timed (``TORCHKM_EPILOGUE_WIDTH`` sets it, for experiments).
         epilogue_width = (int(os.environ.get("TORCHKM_EPILOGUE_WIDTH", "0"))
                           or (16 if self.update == UPDATE_ONEHOT or moves else 32))
         if self.main_grid:

@@ -36,8 +36,6 @@ import os
 import torch
 import triton
 
-from ._common import onehot_max_k
-
 __all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "dense_moves", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config", "top_moves",
            "update_config"]
 
@@ -217,27 +215,13 @@ def float64_replicas(k: int, d: int) -> int:
     return min(64, max(1, (1 << 18) // max(1, k * d)))
 
 
-def dense_moves(k: int, d: int) -> bool:
-    """Whether a dense Lloyd fit (``lloyd.LloydEngine``) keeps its sums in float64 across passes,
-    each pass moving only the rows whose label changed (``AssignPass(moves=True)``, as the bounds
-    engine's settle passes do), instead of adding every row into fresh fp32 sums.
-
-    The float64 sums of fp32 rows come out the same in any order of the atomics, so fits repeat
-    (the fp32 sums' order changes the last bits of the centroids from run to run, and at 3.9M x 32,
-    k = 1,024 fits of one start ended 633-946 labels and up to 13 iterations apart; H200,
-    2026-12-05), and they are the bounds engine's sums, so dense and pruned fits take the same
-    steps. Needs rows of more than 8 features (the tensor-core pass) and more than
-    ``onehot_max_k`` clusters: fewer are summed by one-hot products (whose persistent programs,
-    ``_common.carries``, walk no row list), and there per-row float64 atomics would queue on few
-    addresses.
-
-    Off unless ``TORCHKM_DENSE_MOVES=1``: not yet timed on a GPU (the fp32 sums it replaces were
-    about a tenth of a pass at 245,760 and 3.9M x 32, k = 1,024, ``atomic_replicas``; the first
-    pass adds every row by an unreplicated float64 atomic instead).
-    """
-    if os.environ.get("TORCHKM_DENSE_MOVES", "0") != "1":
-        return False
-    return d > 8 and k > onehot_max_k(d)  # (8: assign.SMALL_D)
+def dense_moves() -> bool:
+    """Whether dense Lloyd fits keep their sums in float64 across passes where they can
+    (``lloyd.LloydEngine``'s ``moves``): off unless ``TORCHKM_DENSE_MOVES=1``, as it has not been
+    timed on a GPU yet. The fp32 sums it replaces were about a tenth of a pass at 245,760 and 3.9M
+    x 32, k = 1,024 (``atomic_replicas``); its first pass adds every row by an unreplicated float64
+    atomic instead."""
+    return os.environ.get("TORCHKM_DENSE_MOVES", "0") == "1"
 
 
 def candidate_config(dtype: torch.dtype, d: int, few_rows: bool = False) -> dict:

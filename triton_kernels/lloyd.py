@@ -277,11 +277,19 @@ class LloydEngine(ReplayedEngine):
     ``timed``: ``pass_seconds`` holds the time of each iteration of the last ``read`` (see
     ``ReplayedPass``), ``pass_kinds`` how each ran.
 
-    ``moves`` (default ``configs.dense_moves``; one process only): the sums are kept in float64
-    across passes and each pass moves only the rows whose label changed (the bounds engine's
-    ``AssignPass(moves=True)``), so that fits repeat and take the bounds engine's steps. The base
-    they start from: the rows by their labels (``update.float64_sums``) when a run starts or
-    restarts; rows labelled -1 (a fit's first pass ahead) join their cluster in that pass.
+    ``moves`` (default: where ``configs.dense_moves`` says so and the engine can): the sums are
+    kept in float64 across passes and each pass moves only the rows whose label changed (the
+    bounds engine's ``AssignPass(moves=True)``), instead of adding every row into fresh fp32 sums.
+    Float64 sums of fp32 rows come out the same in any order of the atomics, so fits repeat (with
+    fp32 sums, fits of one start at 3.9M x 32, k = 1,024 ended 633-946 labels and up to 13
+    iterations apart; H200, 2026-12-05), and they are the bounds engine's sums, so dense and pruned
+    fits take the same steps. The base they start from: the rows by their labels
+    (``update.float64_sums``) when a run starts or restarts; rows labelled -1 (a fit's first pass
+    ahead) join their cluster in that pass. Needs one process (each rank would move its own rows in
+    sums that every rank holds whole), rows of more than ``SMALL_D`` features (the tensor-core
+    pass) and more than ``onehot_max_k`` clusters: fewer are summed by one-hot products (whose
+    persistent programs, ``_common.carries``, walk no row list), and there per-row float64 atomics
+    would queue on few addresses.
     """
 
     kernel = "lloyd"
@@ -302,10 +310,10 @@ class LloydEngine(ReplayedEngine):
         # The engine's own copy of the offset, which ``restart`` overwrites.
         self.inputs = {"offset": None if offset is None else offset.clone(), "row_scale": row_scale,
                        "raw_norms": raw_norms, "sample_weight": sample_weight}
+        can_move = all_reduce is None and d > SMALL_D and k > onehot_max_k(d)
         if moves is None:
-            moves = dense_moves(k, d) and all_reduce is None
-        if moves and (all_reduce is not None or d <= SMALL_D or k <= onehot_max_k(d)):
-            # (Several ranks would each move their own rows in sums that every rank holds whole.)
+            moves = can_move and dense_moves()
+        elif moves and not can_move:
             raise ValueError(f"float64 moves need one process, d > {SMALL_D} and more than {onehot_max_k(d)} clusters")
         self.moves = moves
         self._rebase = moves  # the float64 base is taken before the next pass (``_take_base``)
