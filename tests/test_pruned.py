@@ -613,6 +613,11 @@ def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch,
         x, kw["metric"] = x + 0.5, "cosine"
     if case == "empty clusters":
         kw["init"] = torch.cat([x[:k - 3], x[:2], torch.full((1, 17), 40.0, device=DEVICE)])
+    if case == "auto":
+        # Overlapping clusters, a fit long enough to hand back; blocks of 2 where graphs are on, so
+        # that the hand-over is not held back to the end of a long block (as in the auto test above).
+        x, kw["max_iter"] = _seed000(720, 17, k, 0.3, 5), 60
+        monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)
     monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
     fp32_sums = torchkm.fit(x, k, **kw)
     monkeypatch.setenv("TORCHKM_DENSE_MOVES", "1")

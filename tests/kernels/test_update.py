@@ -245,7 +245,11 @@ def test_dense_engine_float64_moves_keep_the_sums_of_rows_by_label(d, k):
     rows, fresh_rows = run(moving, 5), run(fresh, 5)
     initial.iterate(has_prev=False)
     initial_rows = initial.read(1) + run(initial, 4, first=False)
-    assert rows == fresh_rows == initial_rows
+    # Changed counts, shifts and empties to the bit; the inertia is an fp32 sum of per-program parts,
+    # whose order may vary on a GPU.
+    assert [r[1:] for r in rows] == [r[1:] for r in fresh_rows] == [r[1:] for r in initial_rows]
+    np.testing.assert_allclose([r[0] for r in rows], [r[0] for r in fresh_rows], rtol=1e-6)
+    np.testing.assert_allclose([r[0] for r in rows], [r[0] for r in initial_rows], rtol=1e-6)
     assert torch.equal(moving.c, fresh.c) and torch.equal(fresh.c, initial.c)
     with pytest.raises(ValueError, match="float64 moves"):
         LloydEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), moves=True, all_reduce=lambda t: None,
