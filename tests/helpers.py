@@ -105,3 +105,29 @@ def assert_passes_count_changed_labels(engine, passes):
         assert counted == changed[-1], (it, counted, changed)
     assert changed[1] > 0  # the passes did change labels
     return changed
+
+
+def fp32_tie_rows(n, d, k, seed, device="cpu"):
+    """Rows on the bisectors of close centroid pairs, far from every other centroid.
+
+    Pairs ``a, b = site -+ delta / 2`` (|delta| about 1e-3) sit about 14 sqrt(d) apart; each row is
+    its pair's midpoint plus a unit step along their bisector. So a row's two distances (about 1)
+    part by about 1e-8 (fp32's rounding of the row), inside fp32's rounding of the sums (about
+    d 6e-8 each): fp32 orders them by the order a kernel sums the features in, float64 (exact
+    here) by the fp32 values. An odd k adds one far centroid. Returns fp32 rows and centroids."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = k // 2
+    sites = 10.0 * torch.randn(pairs, d, generator=g, dtype=torch.float64)
+    delta = 1e-3 * torch.randn(pairs, d, generator=g, dtype=torch.float64)
+    # The pairs as fp32 values, and the bisectors of those values (in float64).
+    a = (sites - delta / 2).float().double()
+    b = (sites + delta / 2).float().double()
+    c = torch.stack([a, b], dim=1).reshape(2 * pairs, d)
+    if k % 2:
+        c = torch.cat([c, 10.0 * torch.randn(1, d, generator=g, dtype=torch.float64) + 100.0])
+    which = torch.randint(pairs, (n,), generator=g)
+    step = torch.randn(n, d, generator=g, dtype=torch.float64)
+    unit = (b - a)[which] / (b - a)[which].norm(dim=1, keepdim=True)
+    step = step - (step * unit).sum(1, keepdim=True) * unit
+    x = (a + b)[which] / 2 + step / step.norm(dim=1, keepdim=True)
+    return x.float().to(device), c.float().to(device)

@@ -58,7 +58,8 @@ class KMeans(nn.Module):
             result.
         precision: how CUDA kernels compute distances. ``"exact"`` (default): the labels of an fp32
             computation, up to ties within fp32 rounding (a tensor-core pass, then a 3xTF32 re-check
-            of the rows whose best two centroids are within its rounding bound). ``"fast"``: the
+            of the rows whose best two centroids are within its rounding bound; best two whose
+            direct fp32 distances tie within rounding are settled in float64). ``"fast"``: the
             tensor-core pass alone (tf32 products for float32 input, whose labels may differ from
             fp32 where two centroids are within ~1% of ||x|| max||c||; native products for
             float16/bfloat16 input). CPU tensors always compute in fp32 (fp64 for fp64 input).

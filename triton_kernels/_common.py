@@ -270,6 +270,44 @@ def transform_rows(x, row_mask, shift, scale, HAS_OFFSET: tl.constexpr, HAS_SCAL
     return x
 
 
+# Rows whose best direct fp32 distances lie within their rounding (``fp32_tie``) are settled by
+# float64 distances, in every kernel that compares direct distances (``TORCHKM_FLOAT64_TIES=0``:
+# compiled out, the fp32 comparison alone; experiments). Read once, at import: Triton keys its
+# compiled kernels on this global.
+FLOAT64_TIES = tl.constexpr(os.environ.get("TORCHKM_FLOAT64_TIES", "1") != "0")
+# Features per chunk of that float64 sweep (its tiles of this width stay in registers beside the
+# epilogue's: sm_90 compiles at 4 and 8 used as many registers).
+TIE_D = tl.constexpr(8)
+
+
+@triton.jit
+def fp32_tie(dist_a, dist_b, d):
+    """Whether two direct fp32 squared distances of d-feature rows are too close for fp32 to order.
+
+    Each is within about (d + 2) units of its last place of the exact distance of the fp32 values
+    (one rounding per difference and square, d - 1 per sum in any order), so only a gap beyond
+    twice that, with room to spare, orders the exact distances. The order of the fp32 sums themselves
+    depends on the kernel's layout (its tile shape and warps), so two kernels may part on such a
+    pair; its float64 distances (``sq_dist64_part``) settle it the same way in every kernel."""
+    return tl.abs(dist_a - dist_b) <= (2 * d + 32) * 5.9604645e-08 * tl.maximum(dist_a, dist_b) + 1.0e-30
+
+
+@triton.jit
+def sq_dist64_part(xr, c):
+    """One chunk's float64 squared distance of loaded fp32 rows ``xr`` (as ``transform_rows`` gives
+    them) to loaded fp32 centroid rows ``c``. Differences and squares of fp32 values are exact in
+    float64 (unless their exponents lie far apart), and so is the sum while its terms span few binary
+    orders; beyond that it rounds at 2^-53, far inside fp32's ties."""
+    diff = xr.to(tl.float64) - c.to(tl.float64)
+    return tl.sum(diff * diff, axis=1)
+
+
+@triton.jit
+def nearer64(dist_a, dist_b, label_a, label_b):
+    """Whether centroid ``label_b`` wins over ``label_a`` by float64 distances (ties: lower index)."""
+    return (dist_b < dist_a) | ((dist_b == dist_a) & (label_b < label_a))
+
+
 @triton.jit
 def carry_rows(acc_sums, acc_counts, labels, w, xr, KP: tl.constexpr):
     """``(acc_sums, acc_counts)`` (KP x DP, KP) plus the rows ``xr`` (BLOCK_N x DP) of weight ``w``

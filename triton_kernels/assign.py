@@ -52,7 +52,11 @@ Precision (``precision=``):
                search's packed record and the tl.dot searches' records but the lazy packed one):
                the rows' operand rounding is the same in both, so only its projection on the two
                centroids' difference remains, which settles rows near boundaries between close
-               centroids. Labels then equal those of an fp32
+               centroids. Where direct fp32 distances decide between centroids (the best two,
+               a third, the candidates below) and lie within their rounding of each other
+               (``_common.fp32_tie``), float64 distances of the fp32 values decide instead: the
+               fp32 sums' order follows each launch's layout, and this way every kernel (the
+               pruned engines' too) settles such a row alike. Labels then equal those of an fp32
                computation up to ties within fp32 rounding. Over many centroids (a split re-search) the deferred rows
                are first scored again with the fast product, in the centroid chunks whose lowest
                score in the pass could hide a winner, and the centroids whose scores could
@@ -92,6 +96,8 @@ import triton.language as tl
 
 from . import hopper_search
 from ._common import (
+    FLOAT64_TIES,
+    TIE_D,
     UPDATE_ATOMIC,
     UPDATE_CARRY,
     UPDATE_DELTA,
@@ -103,12 +109,15 @@ from ._common import (
     carry_rows,
     carry_width,
     flush_carry,
+    fp32_tie,
     launch_key,
     launcher,
     move_rows,
+    nearer64,
     onehot_max_k,
     onehot_width,
     persistent_grid,
+    sq_dist64_part,
     transform_rows,
     unused,
 )
@@ -599,6 +608,27 @@ def _tile(
             bias_max = (c_norm_max + residual_max) * (c_norm_max + residual_max) * (1.0 + 2.0**-20)
             bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
+        if FLOAT64_TIES:
+            tie = resolve & fp32_tie(sq_dist, sq_dist2, d)
+            if tl.max(tie.to(tl.int32), axis=0) > 0:
+                # The fp32 sums' order is this launch's layout: float64 settles the pair the same
+                # way in every kernel, so the dense and pruned passes give a row on an fp32 tie one
+                # label.
+                dist_a = tl.zeros((BLOCK_N,), tl.float64)
+                dist_b = tl.zeros((BLOCK_N,), tl.float64)
+                for d0 in range(0, d, TIE_D):
+                    dims = d0 + tl.arange(0, TIE_D)
+                    dim_mask = dims < d
+                    tie_mask = tie[:, None] & dim_mask[None, :]
+                    xr = transform_rows(
+                        tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=tie_mask, other=0.0),
+                        tie, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET,
+                        HAS_SCALE)
+                    dist_a += sq_dist64_part(xr, tl.load(c32_ptr + label.to(tl.int64)[:, None] * d + dims[None, :],
+                                                         mask=tie_mask, other=0.0))
+                    dist_b += sq_dist64_part(xr, tl.load(c32_ptr + label2_64[:, None] * d + dims[None, :],
+                                                         mask=tie_mask, other=0.0))
+                take2 = tl.where(tie, nearer64(dist_a, dist_b, label, label2), take2)
         loser_sq = tl.where(take2, sq_dist, sq_dist2)
         label = tl.where(take2, label2, label)
         sq_dist = tl.where(take2, sq_dist2, sq_dist)
@@ -634,6 +664,24 @@ def _tile(
                         diff3 = xr - cr3
                         sq_dist3 += tl.sum(diff3 * diff3, axis=1)
                     take3 = resolve3 & ((sq_dist3 < sq_dist) | ((sq_dist3 == sq_dist) & (label3 < label)))
+                    if FLOAT64_TIES:  # as the best two's tie above
+                        tie = resolve3 & fp32_tie(sq_dist, sq_dist3, d)
+                        if tl.max(tie.to(tl.int32), axis=0) > 0:
+                            dist_a = tl.zeros((BLOCK_N,), tl.float64)
+                            dist_b = tl.zeros((BLOCK_N,), tl.float64)
+                            for d0 in range(0, d, TIE_D):
+                                dims = d0 + tl.arange(0, TIE_D)
+                                dim_mask = dims < d
+                                tie_mask = tie[:, None] & dim_mask[None, :]
+                                xr = transform_rows(
+                                    tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=tie_mask, other=0.0),
+                                    tie, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET,
+                                    HAS_SCALE)
+                                dist_a += sq_dist64_part(xr, tl.load(c32_ptr + label.to(tl.int64)[:, None] * d + dims[None, :],
+                                                                     mask=tie_mask, other=0.0))
+                                dist_b += sq_dist64_part(xr, tl.load(c32_ptr + label3_64[:, None] * d + dims[None, :],
+                                                                     mask=tie_mask, other=0.0))
+                            take3 = tl.where(tie, nearer64(dist_a, dist_b, label, label3), take3)
                     loser_sq = tl.where(resolve3, tl.minimum(loser_sq, tl.where(take3, sq_dist, sq_dist3)), loser_sq)
                     label = tl.where(take3, label3, label)
                     sq_dist = tl.where(take3, sq_dist3, sq_dist)
@@ -1336,6 +1384,31 @@ def _candidate_exact_kernel(
             dist = tl.where(valid, dist, float("inf"))
             best = tl.min(dist, axis=1)
             label = tl.min(tl.where(valid & (dist == best[:, None]), ids, 2147483647), axis=1)
+            # Candidates within fp32 rounding of the best are settled by float64 distances, as the
+            # pass settles its best two (``_common.fp32_tie``).
+            if FLOAT64_TIES:
+                near = valid & fp32_tie(dist, best[:, None], d)
+                tie = settle & (tl.sum(near.to(tl.int32), axis=1) > 1)
+                if tl.max(tie.to(tl.int32), axis=0) > 0:
+                    near = near & tie[:, None]
+                    tie_dims = tl.arange(0, TIE_D)
+                    dist64 = tl.zeros((BLOCK_R, S), tl.float64)
+                    for d0 in range(0, d, TIE_D):
+                        dims = d0 + tie_dims
+                        dim_mask = dims < d
+                        xr = transform_rows(
+                            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=tie[:, None] & dim_mask[None, :], other=0.0),
+                            tie, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), tl.full((BLOCK_R,), 1.0, tl.float32),
+                            HAS_OFFSET, False)
+                        cr = tl.load(c32_ptr + ids64[:, :, None] * d + dims[None, None, :],
+                                     mask=near[:, :, None] & dim_mask[None, None, :], other=0.0)
+                        diff = xr.to(tl.float64)[:, None, :] - cr.to(tl.float64)
+                        dist64 += tl.sum(diff * diff, axis=2)
+                    dist64 = tl.where(near, dist64, float("inf"))
+                    best64 = tl.min(dist64, axis=1)
+                    label64 = tl.min(tl.where(near & (dist64 == best64[:, None]), ids, 2147483647), axis=1)
+                    label = tl.where(tie, label64, label)
+                    best = tl.where(tie, tl.min(tl.where(valid & (ids == label[:, None]), dist, float("inf")), axis=1), best)
             # No candidate (it cannot happen: the winner is one): the slot keeps the pass's winner.
             tl.store(keys + slots, _key_of(best, label), mask=settle & (n_cand > 0))
             tl.store(keys + slots, tl.zeros((BLOCK_R,), tl.uint64), mask=full)

@@ -30,8 +30,12 @@ Two engines with the interface of ``lloyd.LloydEngine`` (``iterate``, ``read``, 
 Exactness: the bounds carry relative margins larger than fp32 rounding, so a row is kept only when
 its own centroid is nearer than every other by more than the rounding of an fp32 distance; the
 search over the listed rows is the exact mode's. Labels then equal the dense exact pass's up to
-ties within fp32 rounding. The triangle engine synchronises once per pass (to read the statistics),
-the bounds engine once per block of settle passes (``BoundsEngine.run_block``).
+ties within fp32 rounding, and those too where direct distances settle them: both passes (and the
+scan) settle such a pair by float64 distances (``_common.fp32_tie``), not by fp32 sums whose order
+differs between their launches. A tie the 3xTF32 re-search decides alone (a row with a third
+candidate inside the fast products' bound) follows those products. The triangle engine
+synchronises once per pass (to read the statistics), the bounds engine once per block of settle
+passes (``BoundsEngine.run_block``).
 """
 
 from __future__ import annotations
@@ -45,10 +49,14 @@ import triton
 import triton.language as tl
 
 from ._common import (
+    FLOAT64_TIES,
     UPDATE_NONE,
     accumulate_rows,
+    fp32_tie,
     launcher,
+    nearer64,
     onehot_width,
+    sq_dist64_part,
     transform_rows,
 )
 from .assign import SMALL_D, AssignPass
@@ -177,6 +185,14 @@ def _scan_kernel(
         dist = tl.sum(diff * diff, axis=1)
         # Ties go to the lowest index, as in the dense pass (the scan order is not index order).
         better = active & ((dist < best) | ((dist == best) & (cur < label)))
+        if FLOAT64_TIES:
+            tie = active & fp32_tie(best, dist, d)
+            if tl.max(tie.to(tl.int32), axis=0) > 0:
+                # Settled by float64 distances, as the dense pass settles its fp32 ties.
+                c_best = tl.load(c_ptr + label.to(tl.int64)[:, None] * d + dims[None, :],
+                                 mask=tie[:, None] & dim_mask[None, :], other=0.0)
+                better = tl.where(tie, nearer64(sq_dist64_part(xr, c_best), sq_dist64_part(xr, cj), label, cur),
+                                  better)
         best = tl.where(better, dist, best)
         label = tl.where(better, cur, label)
         work += active.to(tl.int32)

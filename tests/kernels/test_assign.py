@@ -20,7 +20,12 @@ from torchkm._kernels.assign import (
 from torchkm._kernels.centroids import round_to_tf32
 from torchkm._kernels.update import update_reference
 
-from tests.helpers import assert_labels_match_except_near_ties, assert_sums_equal_but_for_order, f64_sq_distances
+from tests.helpers import (
+    assert_labels_match_except_near_ties,
+    assert_sums_equal_but_for_order,
+    f64_sq_distances,
+    fp32_tie_rows,
+)
 from tests.kernels.conftest import DEVICE, ON_GPU, SMALL_TILES, needs_gpu_for_bf16
 
 PRECISIONS = ["exact", "fast", "tf32x3", "ieee"]
@@ -1748,3 +1753,53 @@ def test_one_centroid_tile_keeps_the_result(monkeypatch, precision, d, k):
     torch.testing.assert_close(got["1"][1], got["0"][1], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got["1"][2], got["0"][2], rtol=0, atol=0)
     torch.testing.assert_close(got["1"][3], got["0"][3], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("search", ["lazy", "lazy1", "eager", "swap"])
+@pytest.mark.parametrize("d, k", [(17, 1000), (33, 7), (33, 1000), (129, 7)])
+def test_exact_mode_settles_fp32_ties_by_float64_distances(d, k, search):
+    """Rows whose best two direct fp32 distances lie within fp32 rounding take the float64 argmin
+    of the fp32 values (lowest index on equal ones), whatever order the kernel sums features in:
+    one label for every search, epilogue width and tile shape. (Without the float64 sweep, a
+    third to half of these rows went the other way in some search.)"""
+    n = 203
+    x, c = fp32_tie_rows(n, d, k, seed=d * 1000 + k, device=DEVICE)
+    dist = ((x.double().cpu()[:, None, :] - c.double().cpu()[None]) ** 2).sum(-1)
+    expected = dist.argmin(1)
+    top2 = dist.topk(2, dim=1, largest=False).values
+    # The data is what it says: fp32 cannot order these pairs, and every row has one.
+    assert ((top2[:, 1] - top2[:, 0]) / top2[:, 0] < 1e-7).float().mean() > 0.9
+    for cfg in ({**_search_config(search, d)}, {**_search_config(search, d), "BLOCK_N": 64, "num_warps": 2}):
+        out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), config=cfg)
+        assert torch.equal(out.labels.cpu().long(), expected), cfg
+
+
+@pytest.mark.parametrize("search", ["lazy", "eager"])
+def test_candidate_re_search_settles_fp32_ties_by_float64_distances(monkeypatch, search):
+    """Rows within fp32 rounding of three centroids (a tie pair and a third next to the second)
+    under the distance bound (d = 40) with a split re-search (k = 1000): the lazy search compares
+    the third in its epilogue, the eager one defers the rows to the candidate re-search, which
+    compares its candidates directly. Both give every row the float64 argmin."""
+    monkeypatch.setenv("TORCHKM_RESEARCH_CANDIDATES", "1")
+    n, d, k = 150, 40, 1000
+    x, c = fp32_tie_rows(n, d, 600, seed=40, device=DEVICE)
+    c = c.double().cpu()
+    pair_b = c[1::2]
+    gap = pair_b - c[0::2]
+    third = pair_b + (1e-6 / gap.norm(dim=1, keepdim=True)) * gap  # just past b, on the pair's line
+    far = 10.0 * torch.randn(k - 900, d, generator=torch.Generator().manual_seed(41), dtype=torch.float64) + 100.0
+    c = torch.cat([c, third, far]).float().to(DEVICE)
+    dist = ((x.double().cpu()[:, None, :] - c.double().cpu()[None]) ** 2).sum(-1)
+    expected = dist.argmin(1)
+    top3 = dist.topk(3, dim=1, largest=False).values
+    # (the third's fp32 rounding moves it by about 1e-6; fp32 distances of 40 features round by up to 5e-6)
+    assert ((top3[:, 2] - top3[:, 0]) / top3[:, 0] < 5e-6).float().mean() > 0.9
+    launched = _launched(monkeypatch)
+    cfg = {"EAGER": search == "eager"}
+    from torchkm._kernels.configs import assign_config
+
+    out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1),
+                 config={**assign_config(n, k, d, torch.float32, "exact"), **cfg})
+    assert torch.equal(out.labels.cpu().long(), expected)
+    if search == "eager":
+        assert "_candidate_exact_kernel" in launched and int(out.rechecked) > n // 2

@@ -17,7 +17,7 @@ from torchkm._kernels.prune import (
     workload_stats,
 )
 
-from tests.helpers import assert_labels_match_except_near_ties, f64_sq_distances
+from tests.helpers import assert_labels_match_except_near_ties, f64_sq_distances, fp32_tie_rows
 from tests.kernels.conftest import DEVICE
 
 
@@ -78,6 +78,22 @@ def test_scan_ties_go_to_the_lowest_index():
         icd, rid = inter_centroid(c)
         got, _, _ = scan(x, c, icd, rid, labels, has_prev=True)
         assert got.tolist() == [1, 0, 1]
+
+
+@pytest.mark.parametrize("d, k", [(3, 40), (17, 7), (33, 40)])
+def test_scan_settles_fp32_ties_by_float64_distances(d, k):
+    """Rows on the bisectors of close pairs (``fp32_tie_rows``: fp32 cannot order their two
+    distances) get the float64 scan's labels from any start: the kernel settles such pairs in
+    float64, as the dense pass does."""
+    n = 203
+    x, c = fp32_tie_rows(n, d, k, seed=d + k, device=DEVICE)
+    icd, rid = inter_centroid(c)
+    for start in range(3):
+        prev = torch.randint(0, k, (n,), generator=torch.Generator().manual_seed(start))
+        labels = prev.to(torch.int32).to(DEVICE)
+        got, _, _ = scan(x, c, icd, rid, labels, has_prev=True)
+        ref_labels, _, _ = scan_reference(x.cpu(), c.cpu(), prev)
+        assert torch.equal(got.long().cpu(), ref_labels)
 
 
 def test_workload_stats_and_theorem_1():
