@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchkm
-from tests.helpers import assert_passes_count_changed_labels
+from tests.helpers import assert_passes_count_changed_labels, fp32_tie_rows
 
 pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()
@@ -642,3 +642,23 @@ def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch,
     _same_fit(dense, fp32_sums)
     if case == "empty clusters":
         assert dense.history[0].empty_clusters >= 2
+
+
+def test_dense_and_pruned_fits_settle_fp32_ties_alike(kernels, monkeypatch):
+    """Rows on the bisectors of close centroid pairs (``fp32_tie_rows``: their two distances part by
+    less than fp32 rounds them), 33 features: the dense pass and the bounds engine's first pass run
+    on different tiles, so their fp32 sums run in different orders, but both settle such a pair by
+    float64 distances. So the fits (float64 moves, one process) take the same steps: equal labels,
+    centroids to the bit and iteration counts. (With the float64 sweep compiled out,
+    ``TORCHKM_FLOAT64_TIES=0``, the first pass already parts them.)"""
+    n, d, k = 600, 33, 70
+    x, c = fp32_tie_rows(n, d, k, seed=7, device=DEVICE)
+    monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
+    monkeypatch.setenv("TORCHKM_DENSE_MOVES", "1")
+    kw = {"init": c, "max_iter": 5, "tol": 0.0}
+    dense = torchkm.fit(x, k, **kw)
+    pruned = torchkm.fit(x, k, algorithm="pruned", **kw)
+    assert {h.kernel for h in pruned.history} == {"pruned"}
+    assert dense.n_iter == pruned.n_iter
+    assert torch.equal(dense.labels, pruned.labels) and torch.equal(dense.centroids, pruned.centroids)
+
