@@ -2547,7 +2547,8 @@ class AssignPass:
                                      half_scale=half_scale, centred=centred)
             launcher(_assign_kernel)[(self.chunk_grid,)](
                 x, prepared.c_mma, searched_ptr=record, SEARCHED=True, part_base=chunk * self.chunk_grid,
-                tile_offset=start // main["BLOCK_N"], searched_stride=self.chunk_rows, **main,
+                tile_offset=start // main["BLOCK_N"], searched_stride=self.chunk_rows,
+                **({"maxnreg": EPILOGUE_MAX_REGISTERS, **main} if half and self.check else main),
             )
             if self.overlap:
                 read.append(caller.record_event())
@@ -2963,6 +2964,16 @@ class AssignPass:
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, ONE_TILE=False, **cfg,
                 **{**common, **few_rows_update},
             )
+
+
+# The exact epilogue after the Hopper search (``_epilogue_shape``) over fp32 rows with fp16 operands is
+# held to this many registers unless its config caps it lower: the rare float64 sweep of fp32 ties
+# (``_common.fp32_tie``) took the exact one at 1M x 128, k = 4096 from 128 to 149 registers (three
+# programs an SM instead of four); capped, it uses 128 with no spill (sm_90, Triton 3.6; at 32,768 x
+# 256, k = 8192: 134 before the sweep, 128 and 4 bytes spilled capped). The other epilogues keep the
+# registers ptxas picks (a cap of 128 raised bf16's exact one from 96 to 120, the fast fp32 one from
+# 80 to 96). Not timed on a GPU yet.
+EPILOGUE_MAX_REGISTERS = 128
 
 
 def _epilogue_shape(cfg: dict, update: int) -> tuple[int, int]:
