@@ -283,10 +283,12 @@ class LloydEngine(ReplayedEngine):
     Float64 sums of fp32 rows come out the same in any order of the atomics, so fits repeat (with
     fp32 sums, fits of one start at 3.9M x 32, k = 1,024 ended 633-946 labels and up to 13
     iterations apart; H200, 2026-12-05; with moves, none apart: H100, 2026-12-05), and they are the
-    bounds engine's sums, so dense and pruned fits take the same steps until a row on an fp32 tie
-    goes either way (the engines sum direct distances in other orders): at 3.9M x 32, k = 1,024 they
-    ended 65 rows apart in the same 127 iterations (sigma^2 = 0.0125), and 3,266 rows and 99 against
-    122 iterations apart (0.05). The base they start from: the rows by their labels
+    bounds engine's sums, so dense and pruned fits take the same steps. Rows on fp32 ties parted
+    them (the engines sum direct distances in other orders: at 3.9M x 32, k = 1,024 they ended 65
+    rows apart in the same 127 iterations at sigma^2 = 0.0125, and 3,266 rows and 99 against 122
+    iterations apart at 0.05, H100); both now settle such rows in float64 (``_common.fp32_tie``),
+    which makes them take the same steps under the interpreter, not yet run on a GPU. The base
+    they start from: the rows by their labels
     (``update.float64_sums``) when a run starts or restarts; rows labelled -1 (a fit's first pass
     ahead) join their cluster in that pass. Needs one process (each rank would move its own rows in
     sums that every rank holds whole), rows of more than ``SMALL_D`` features (the tensor-core
