@@ -273,7 +273,9 @@ def transform_rows(x, row_mask, shift, scale, HAS_OFFSET: tl.constexpr, HAS_SCAL
 # Rows whose best direct fp32 distances lie within their rounding (``fp32_tie``) are settled by
 # float64 distances, in every kernel that compares direct distances (``TORCHKM_FLOAT64_TIES=0``:
 # compiled out, the fp32 comparison alone; experiments). Read once, at import: Triton keys its
-# compiled kernels on this global.
+# compiled kernels on this global. H100, 2026-12-05, 245,760 x 32, k = 1,024, exact ms an
+# iteration, out -> in: fp32 0.210 -> 0.218 and 0.208 -> 0.208 (the fast mode, unchanged, moved
+# -2 to +8 % between those processes), bf16 0.229 -> 0.242 and 0.223 -> 0.235.
 FLOAT64_TIES = tl.constexpr(os.environ.get("TORCHKM_FLOAT64_TIES", "1") != "0")
 # Features per chunk of that float64 sweep (its tiles of this width stay in registers beside the
 # epilogue's: sm_90 compiles at 4 and 8 used as many registers).
