@@ -217,10 +217,13 @@ def float64_replicas(k: int, d: int) -> int:
 
 def dense_moves() -> bool:
     """Whether dense Lloyd fits keep their sums in float64 across passes where they can
-    (``lloyd.LloydEngine``'s ``moves``): off unless ``TORCHKM_DENSE_MOVES=1``, as it has not been
-    timed on a GPU yet. The fp32 sums it replaces were about a tenth of a pass at 245,760 and 3.9M
-    x 32, k = 1,024 (``atomic_replicas``); its first pass adds every row by an unreplicated float64
-    atomic instead."""
+    (``lloyd.LloydEngine``'s ``moves``): off unless ``TORCHKM_DENSE_MOVES=1``, as it has been timed
+    on seed 000's group B and SIFT-like only. H100, 2026-12-05, against fresh fp32 sums: fits to
+    convergence 0.994x / 0.978x the time at 245,760 x 32, k = 1,024 (sigma^2 0.0125 / 0.05),
+    0.94x / 0.78x at 3.9M rows; an exact iteration at 1M x 128, k = 4096 2.997 against 2.974 ms
+    (fp32), 2.859 against 2.911 (bf16). Its first pass adds every row by an unreplicated float64
+    atomic, and each later one moves the changed rows by two: on wide rows early in a fit (1M x 768,
+    VQ-batch) that may cost more than fp32 sums, not yet measured."""
     return os.environ.get("TORCHKM_DENSE_MOVES", "0") == "1"
 
 
