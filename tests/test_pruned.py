@@ -644,14 +644,22 @@ def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch,
         assert dense.history[0].empty_clusters >= 2
 
 
-def test_dense_and_pruned_fits_settle_fp32_ties_alike(kernels, monkeypatch):
+@pytest.mark.parametrize("d, k", [
+    (33, 70),
+    pytest.param(17, 70, marks=pytest.mark.xfail(strict=True, reason=(
+        "at most 32 features and 128 clusters the dense exact pass scores every row in 3xTF32 "
+        "(configs.exact_as_tf32x3) and takes the lowest score: no direct distances, no float64 "
+        "settling, so it parts from the bounds engine on rows inside the scores' rounding"))),
+])
+def test_dense_and_pruned_fits_settle_fp32_ties_alike(kernels, monkeypatch, d, k):
     """Rows on the bisectors of close centroid pairs (``fp32_tie_rows``: their two distances part by
-    less than fp32 rounds them), 33 features: the dense pass and the bounds engine's first pass run
-    on different tiles, so their fp32 sums run in different orders, but both settle such a pair by
-    float64 distances. So the fits (float64 moves, one process) take the same steps: equal labels,
+    less than fp32 rounds them): the dense pass and the bounds engine's first pass run on different
+    tiles, so their fp32 sums run in different orders, but both settle such a pair by float64
+    distances. So the fits (float64 moves, one process) take the same steps: equal labels,
     centroids to the bit and iteration counts. (With the float64 sweep compiled out,
-    ``TORCHKM_FLOAT64_TIES=0``, the first pass already parts them.)"""
-    n, d, k = 600, 33, 70
+    ``TORCHKM_FLOAT64_TIES=0``, the first pass already parts them.) Not yet where the dense exact
+    pass is 3xTF32 scores alone (17 features, 70 clusters: about half the rows end apart)."""
+    n = 600
     x, c = fp32_tie_rows(n, d, k, seed=7, device=DEVICE)
     monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
     monkeypatch.setenv("TORCHKM_DENSE_MOVES", "1")
