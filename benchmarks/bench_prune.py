@@ -29,8 +29,10 @@ fits skip the set-up the untimed first one paid; ``--cold`` times fits that set 
 bounds' settle pass, the update, reordering and the rest.
 
 ``--algorithms ... lloyd-moves`` adds dense Lloyd with float64 moves (``TORCHKM_DENSE_MOVES=1``, see
-``torchkm._kernels.configs.dense_moves``; not among the defaults), whose sums are the bounds engine's:
-``labels_differ_from_moves_runs`` then counts each run's final labels against its last run's.
+``torchkm._kernels.configs.dense_moves``: ``lloyd``'s default for rows of at most 32 features), whose
+sums are the bounds engine's: ``labels_differ_from_moves_runs`` then counts each run's final labels
+against its last run's. ``lloyd-sums``: dense Lloyd with fresh fp32 sums every pass
+(``TORCHKM_DENSE_MOVES=0``, ``lloyd``'s default for wider rows).
 
     python benchmarks/bench_prune.py --json out/bench_prune.json [--sizes 1 16] [--sigma2 0.0125 0.05 0.3] \
         [--sift .data/sift.npy --sift-k 4096] [--repeats 3] [--decompose]
@@ -56,7 +58,7 @@ from torchkm._kernels.assign import assign as kernel_assign
 
 from torchkm import _loop
 
-ALGORITHMS = ("lloyd", "pruned", "triangle", "auto", "lloyd-moves")
+ALGORITHMS = ("lloyd", "pruned", "triangle", "auto", "lloyd-moves", "lloyd-sums")
 DEFAULT_ALGORITHMS = ("lloyd", "pruned", "triangle", "auto")
 BASE_N = 245_760
 
@@ -96,13 +98,13 @@ def run(x: torch.Tensor, c0: torch.Tensor, algorithm: str, max_iter: int,
     data, offset = centred_view(x)
     if tol is None:
         tol = default_tol(data)
-    moves = algorithm == "lloyd-moves"
+    forced = {"lloyd-moves": "1", "lloyd-sums": "0"}.get(algorithm)
     # (Read when an engine is built; the kept engines are keyed by the environment too.)
-    with mock.patch.dict(os.environ, {"TORCHKM_DENSE_MOVES": "1"} if moves else {}):
+    with mock.patch.dict(os.environ, {} if forced is None else {"TORCHKM_DENSE_MOVES": forced}):
         synchronize(x)
         t0 = time.perf_counter()
         out = _loop.lloyd(data, c0 - offset, sample_weight=None, max_iter=max_iter, tol=tol,
-                          algorithm="lloyd" if moves else algorithm)
+                          algorithm="lloyd" if forced is not None else algorithm)
         synchronize(x)
     return out, (time.perf_counter() - t0) * 1e3
 
@@ -256,7 +258,7 @@ def main() -> None:
                 "imbalance": sum(h.imbalance for h in later) / len(later),
                 "kernels": {kname: kernels.count(kname) for kname in dict.fromkeys(kernels)},
             }
-            if args.decompose and alg != "lloyd":
+            if args.decompose and not alg.startswith("lloyd"):
                 row[alg]["decomposition_ms"] = decompose(x, c0, alg, args.max_iter, tol)
             if off:
                 print(f"MISMATCH {alg} {name} k={k} sigma2={s2}: {off} labels are not the nearest centroid's", flush=True)

@@ -157,8 +157,9 @@ def test_bench_prune_pairs_rounds_and_reports_auto_against_dense(capsys) -> None
 
 
 def test_bench_prune_runs_dense_lloyd_with_float64_moves(monkeypatch, capsys) -> None:
-    """``--algorithms ... lloyd-moves``: dense Lloyd with ``TORCHKM_DENSE_MOVES=1`` for that fit only
-    (the environment restored after it), and its table of label differences."""
+    """``--algorithms ... lloyd-moves`` / ``lloyd-sums``: dense Lloyd with ``TORCHKM_DENSE_MOVES=1`` /
+    ``0`` for that fit only (the environment restored after it; ``lloyd`` takes the default, moves
+    at 17 features), and its table of label differences."""
     import pytest
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
@@ -173,9 +174,11 @@ def test_bench_prune_runs_dense_lloyd_with_float64_moves(monkeypatch, capsys) ->
     monkeypatch.setattr(lloyd.LloydEngine, "__init__", lambda self, *a, **kw: init(self, *a, **kw) or engines.append(self))
     x = bench_prune.seed000_data(400, 17, 70, 0.01, seed=5, device=device)
     moved, _ = bench_prune.run(x, x[:70].clone(), "lloyd-moves", 6)
-    plain, _ = bench_prune.run(x, x[:70].clone(), "lloyd", 6)
-    assert [e.moves for e in engines] == [True, False] and "TORCHKM_DENSE_MOVES" not in os.environ
+    plain, _ = bench_prune.run(x, x[:70].clone(), "lloyd-sums", 6)
+    default, _ = bench_prune.run(x, x[:70].clone(), "lloyd", 6)
+    assert [e.moves for e in engines] == [True, False, True] and "TORCHKM_DENSE_MOVES" not in os.environ
     assert torch.equal(moved.labels, plain.labels) and moved.n_iter == plain.n_iter
+    assert torch.equal(moved.labels, default.labels) and torch.equal(moved.centroids, default.centroids)
     entry = {"ms": 2.0, "n_iter": 3, "labels_exact": True, "labels_differ_from_moves_runs": [0, 0]}
     rows = [{"data": "seed000 400x17", "n": 400, "d": 17, "k": 70, "sigma2": 0.01, "floor_ms": 0.1,
              "pruned": entry, "lloyd-moves": entry}]

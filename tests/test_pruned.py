@@ -592,9 +592,9 @@ def test_empty_clusters_relocated_on_the_device_as_by_torch_ops(kernels, monkeyp
 
 @pytest.mark.parametrize("case", ["plain", "weighted", "cosine", "empty clusters", "auto"])
 def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch, case):
-    """Dense Lloyd with float64 moves (``TORCHKM_DENSE_MOVES=1``, more than 64 clusters): its sums
-    are the bounds engine's, float64 sums of fp32 rows, which come out the same in any order of the
-    atomics. So a dense fit and a pruned fit take the same steps: equal labels and iteration counts,
+    """Dense Lloyd with float64 moves (``TORCHKM_DENSE_MOVES=1``, the default up to 32 features; more
+    than 64 clusters): its sums are the bounds engine's, float64 sums of fp32 rows, which come out
+    the same in any order of the atomics. So a dense fit and a pruned fit take the same steps: equal labels and iteration counts,
     and centroids equal to the last bit, pass for pass; and the fit's labels are those of the fp32
     sums' dense fit. ``auto``: the hybrid tries the bounds engine and hands the run back to the
     dense engine (its sums then those of the labels it takes over), and still takes those steps."""
@@ -619,6 +619,7 @@ def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch,
         x, kw["max_iter"] = _seed000(720, 17, k, 0.3, 5), 60
         monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)
     monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
+    monkeypatch.setenv("TORCHKM_DENSE_MOVES", "0")  # (the default at 17 features is moves)
     fp32_sums = torchkm.fit(x, k, **kw)
     monkeypatch.setenv("TORCHKM_DENSE_MOVES", "1")
     engines = []

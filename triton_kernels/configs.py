@@ -24,8 +24,8 @@ CUDA graph; see ``assign._KeptPass``) and ``TORCHKM_ONEHOT_SUMS=ieee`` (the one-
 clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums``) and
 ``TORCHKM_LAZY_KEYS`` (``1``/``0``: packed keys in the lazy search from 2 centroid tiles / never;
 see ``assign.AssignPass._lazy_bits``) and ``TORCHKM_ASSIGN_MAXNREG`` (that search's register caps,
-see ``lazy_register_cap``) and ``TORCHKM_DENSE_MOVES=1`` (dense Lloyd keeps float64 sums across
-passes; see ``dense_moves``) and ``TORCHKM_EPILOGUE_WIDTH`` (features per chunk of the assignment
+see ``lazy_register_cap``) and ``TORCHKM_DENSE_MOVES=1``/``0`` (dense Lloyd keeps float64 sums across
+passes always / never, instead of for rows of at most 32 features; see ``dense_moves``) and ``TORCHKM_EPILOGUE_WIDTH`` (features per chunk of the assignment
 epilogue; see ``assign.AssignPass.__call__``).
 """
 
@@ -36,7 +36,7 @@ import os
 import torch
 import triton
 
-__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "dense_moves", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config", "top_moves",
+__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "DENSE_MOVES_MAX_D", "dense_moves", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config", "top_moves",
            "update_config"]
 
 
@@ -215,16 +215,30 @@ def float64_replicas(k: int, d: int) -> int:
     return min(64, max(1, (1 << 18) // max(1, k * d)))
 
 
-def dense_moves() -> bool:
-    """Whether dense Lloyd fits keep their sums in float64 across passes where they can
-    (``lloyd.LloydEngine``'s ``moves``): off unless ``TORCHKM_DENSE_MOVES=1``, as it has been timed
-    on seed 000's group B and SIFT-like only. H100, 2026-12-05, against fresh fp32 sums: fits to
-    convergence 0.994x / 0.978x the time at 245,760 x 32, k = 1,024 (sigma^2 0.0125 / 0.05),
-    0.94x / 0.78x at 3.9M rows; an exact iteration at 1M x 128, k = 4096 2.997 against 2.974 ms
-    (fp32), 2.859 against 2.911 (bf16). Its first pass adds every row by an unreplicated float64
-    atomic, and each later one moves the changed rows by two: on wide rows early in a fit (1M x 768,
-    VQ-batch) that may cost more than fp32 sums, not yet measured."""
-    return os.environ.get("TORCHKM_DENSE_MOVES", "0") == "1"
+# Dense Lloyd keeps float64 sums across passes by default for rows of at most this many features,
+# where it was timed level with fresh fp32 sums or faster (``dense_moves``).
+DENSE_MOVES_MAX_D = 32
+
+
+def dense_moves(d: int) -> bool:
+    """Whether dense Lloyd fits over ``d``-feature rows keep their sums in float64 across passes
+    where they can (``lloyd.LloydEngine``'s ``moves``): by default for rows of at most
+    ``DENSE_MOVES_MAX_D`` features; ``TORCHKM_DENSE_MOVES=1`` / ``0``: always / never.
+
+    There the fits repeat to the bit and take the bounds engine's steps (issue 4's identical labels
+    and iterations), at no cost. H100, 2026-12-05, fits to convergence against fresh fp32 sums at
+    245,760 x 32, k = 1,024: 0.994x / 0.978x the time (sigma^2 0.0125 / 0.05), and 0.973x / 0.979x
+    in a later run; at 3.9M rows 0.94x / 0.78x, and 0.963x at 0.05 later (the fp32-sum fits there
+    took 116 against 109 and 107 against 107 iterations); 20-iteration fits from random rows
+    (``scripts/diag_dense_moves.py``, paired) 1.014x fp32, 0.951x bf16.
+    Wider rows pay for it: its first pass adds every row by an unreplicated float64 atomic, and each
+    later one moves the changed rows by two. The same 20-iteration fits (H100, 2026-12-05), moves
+    over fp32 sums: 1M x 128, k = 4,096 1.088x fp32, 1.070x bf16; 1M x 768, k = 8,192 1.049x /
+    1.008x; 32,768 x 256, k = 8,192 1.066x / 1.053x. So they keep fp32 sums unless asked."""
+    forced = os.environ.get("TORCHKM_DENSE_MOVES")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return d <= DENSE_MOVES_MAX_D
 
 
 def candidate_config(dtype: torch.dtype, d: int, few_rows: bool = False) -> dict:

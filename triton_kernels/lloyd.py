@@ -288,7 +288,8 @@ class LloydEngine(ReplayedEngine):
     rows apart in the same 127 iterations at sigma^2 = 0.0125, and 3,266 rows and 99 against 122
     iterations apart at 0.05, H100); both now settle such rows in float64 (``_common.fp32_tie``),
     and a dense and a pruned fit there ended with identical labels in the same 109 iterations
-    (sigma^2 = 0.0125, H100, 2026-12-05; 0.05 not yet run). The base they start from: the rows by their labels
+    (sigma^2 = 0.0125) and 107 iterations (0.05; H100, 2026-12-05). On by default for rows of at
+    most 32 features (``configs.dense_moves``: wider rows pay 5-9 % for it). The base they start from: the rows by their labels
     (``update.float64_sums``) when a run starts or restarts; rows labelled -1 (a fit's first pass
     ahead) join their cluster in that pass. Needs one process (each rank would move its own rows in
     sums that every rank holds whole), rows of more than ``SMALL_D`` features (the tensor-core
@@ -317,7 +318,7 @@ class LloydEngine(ReplayedEngine):
                        "raw_norms": raw_norms, "sample_weight": sample_weight}
         can_move = all_reduce is None and d > SMALL_D and k > onehot_max_k(d)
         if moves is None:
-            moves = can_move and dense_moves()
+            moves = can_move and dense_moves(d)
         elif moves and not can_move:
             raise ValueError(f"float64 moves need one process, d > {SMALL_D} and more than {onehot_max_k(d)} clusters")
         self.moves = moves
