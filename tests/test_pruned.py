@@ -20,6 +20,7 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1", allow_module_level=True)
 DEVICE = "cuda" if ON_GPU else "cpu"
+from torchkm._kernels._common import NEAR_SCORE_TIES  # noqa: E402 (needs triton)
 
 
 def _seed000(n, d, k, sigma2, seed):
@@ -645,21 +646,19 @@ def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch,
         assert dense.history[0].empty_clusters >= 2
 
 
-@pytest.mark.parametrize("d, k", [
-    (33, 70),
-    pytest.param(17, 70, marks=pytest.mark.xfail(strict=True, reason=(
-        "at most 32 features and 128 clusters the dense exact pass scores every row in 3xTF32 "
-        "(configs.exact_as_tf32x3) and takes the lowest score: no direct distances, no float64 "
-        "settling, so it parts from the bounds engine on rows inside the scores' rounding"))),
-])
+@pytest.mark.parametrize("d, k", [(33, 70), *(pytest.param(d, k, marks=pytest.mark.skipif(
+    not NEAR_SCORE_TIES, reason="TORCHKM_X3_TIES=1 (read at import): run by tests/kernels/test_assign.py::"
+                                "test_near_scores_settle_in_a_process_with_x3_ties_on")) for d, k in ((17, 70), (32, 100)))])
 def test_dense_and_pruned_fits_settle_fp32_ties_alike(kernels, monkeypatch, d, k):
     """Rows on the bisectors of close centroid pairs (``fp32_tie_rows``: their two distances part by
     less than fp32 rounds them): the dense pass and the bounds engine's first pass run on different
     tiles, so their fp32 sums run in different orders, but both settle such a pair by float64
     distances. So the fits (float64 moves, one process) take the same steps: equal labels,
     centroids to the bit and iteration counts. (With the float64 sweep compiled out,
-    ``TORCHKM_FLOAT64_TIES=0``, the first pass already parts them.) Not yet where the dense exact
-    pass is 3xTF32 scores alone (17 features, 70 clusters: about half the rows end apart)."""
+    ``TORCHKM_FLOAT64_TIES=0``, the first pass already parts them.) At most 32 features and 128
+    clusters the dense exact pass is 3xTF32 scores alone, whose near scores are settled by direct
+    distances the same way only with ``TORCHKM_X3_TIES=1`` (without it about half of these rows
+    end apart there)."""
     n = 600
     x, c = fp32_tie_rows(n, d, k, seed=7, device=DEVICE)
     monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")

@@ -277,6 +277,13 @@ def transform_rows(x, row_mask, shift, scale, HAS_OFFSET: tl.constexpr, HAS_SCAL
 # iteration, out -> in: fp32 0.210 -> 0.218 and 0.208 -> 0.208 (the fast mode, unchanged, moved
 # -2 to +8 % between those processes), bf16 0.229 -> 0.242 and 0.223 -> 0.235.
 FLOAT64_TIES = tl.constexpr(os.environ.get("TORCHKM_FLOAT64_TIES", "1") != "0")
+# The exact mode's 3xTF32 search of every row (``configs.exact_as_tf32x3``: at most 32 features and
+# 128 clusters) settles its near scores by direct distances too (``assign._tile``, X3_TIES) only with
+# ``TORCHKM_X3_TIES=1`` (read at import): H100, 2026-12-05, it made those passes 20-75 % slower
+# (245,760 x 32, k = 32: exact fp32 0.050 -> 0.069 ms, bf16 0.049 -> 0.078; k = 128 0.075 -> 0.111,
+# 0.071 -> 0.127), as the rows' norms and the tile-wide test add about 350 instructions and 4-11
+# barriers to each tile. Without it that route takes the lowest 3xTF32 score.
+NEAR_SCORE_TIES = tl.constexpr(os.environ.get("TORCHKM_X3_TIES", "0") == "1")
 # Features per chunk of that float64 sweep (its tiles of this width stay in registers beside the
 # epilogue's: sm_90 compiles at 4 and 8 used as many registers).
 TIE_D = tl.constexpr(8)

@@ -97,6 +97,7 @@ import triton.language as tl
 from . import hopper_search
 from ._common import (
     FLOAT64_TIES,
+    NEAR_SCORE_TIES,
     TIE_D,
     UPDATE_ATOMIC,
     UPDATE_CARRY,
@@ -178,6 +179,14 @@ def _tile(
     # third could beat the winner compares it directly and is re-searched only if the rest could.
     # (DISTANCE_BOUND = 1: without; TORCHKM_EXACT_THIRD=0, experiments.)
     THIRD: tl.constexpr = DISTANCE_BOUND == 2 and (SEARCHED or not EAGER)
+    # The exact mode's 3xTF32 search of every row over one centroid tile (``configs.exact_as_tf32x3``)
+    # takes the lowest score, which no direct distance checks. With ``TORCHKM_X3_TIES=1``
+    # (``_common.NEAR_SCORE_TIES``; off by default: it costs those passes 20-75 %) rows with another
+    # score within the scores' rounding of it are settled by direct fp32 distances (float64 on fp32
+    # ties) below, as the best-two route (and so the bounds engine) settles them. Up to 128
+    # centroids: a row's near centroids are counted, and two named, by one packed sum.
+    X3_TIES: tl.constexpr = (NEAR_SCORE_TIES and FLOAT64_TIES and ONE_TILE and not CHECK and PRECISION == "tf32x3" and BLOCK_K <= 128
+                             and ONE_CHUNK != 0 and not HAS_ROW_INDEX)
     # A persistent program's one centroid tile, its bias and the offset, loaded once before its
     # tiles of rows (``c_res``, ``c_lo_res``, ``bias_res``, ``offset_res``; ``_assign_programs``).
     RESIDENT: tl.constexpr = PREFETCH != 0 and ONE_TILE
@@ -254,6 +263,10 @@ def _tile(
             x_once = x_raw
         else:
             x_once = transform_rows(x_raw, row_mask, shift0, scale, HAS_OFFSET, HAS_SCALE).to(mma_dtype)
+        if X3_TIES:
+            # The rows' squared norms, for the near scores' bound (in the loaded tile's layout).
+            x_loaded = transform_rows(x_raw.to(tl.float32), row_mask, shift0, scale, HAS_OFFSET, HAS_SCALE)
+            x_sq = tl.sum(x_loaded * x_loaded, axis=1)
         if SWAP:
             x_once_t = tl.trans(x_once)
         if LAZY_BITS > 0:
@@ -476,7 +489,26 @@ def _tile(
                 second_t = _lazy_key_floor(second_t, row_term, LAZY_BITS)
         best = tl.min(best_t, axis=1)
         index_t = tile_t + tile_cols[None, :]
-        label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
+        if X3_TIES:
+            # A score is ||c||^2 - 2 x.c in 3xTF32 products: each product off by at most 3 2^-22 of
+            # |x_i c_i| (the operands' split, the dropped lo * lo), each of the 3d + 1 fp32 sums by
+            # 2^-24 of what it holds, at most M = ||c||^2 + 2 ||x|| ||c|| <= 8 ||x||^2 + 2 ||x - c||^2.
+            # So two scores' difference is off by at most 2.5 (4d + 32) 2^-24 M (the usual 1.25, room
+            # for the bias's rounding) for every centroid no farther from x than r, r^2 an upper bound
+            # on the winner's squared distance (its score plus ||x||^2, with room for their rounding:
+            # d <= 32). A centroid farther than r is farther than the winner whatever its score says;
+            # any other that could be nearer scores within that bound of the best: the near ones.
+            reach_sq = tl.maximum(best + x_sq, 0.0) + (tl.abs(best) + x_sq) * 2.0**-10
+            near_gap = (2.5 * (4 * d + 32) * 5.9604645e-08 * (1.0 + 2.0**-10)) * (8.0 * x_sq + 2.0 * reach_sq) + 1.0e-30
+            near = best_t <= (best + near_gap)[:, None]
+            # Per near centroid j: 1 + j 2^8 + j^2 2^16, summed: the count in the low 8 bits, and for
+            # two the sum and the sum of squares of their indices, which name both (j < 128).
+            pack_cols = 1 + (tile_cols << 8) + ((tile_cols * tile_cols) << 16)
+            packed = tl.sum(tl.where(near, pack_cols[None, :], 0), axis=1)
+            # (One near centroid: the label; more: settled in the epilogue, from ``packed``.)
+            label = tl.where((packed & 255) == 1, (packed >> 8) & 255, 0)
+        else:
+            label = tl.min(tl.where(best_t == best[:, None], index_t, 2147483647), axis=1)
         if CHECK:  # the transposed search's reduction, along the other axis
             at_best = index_t == label[:, None]
             others = tl.where(at_best, float("inf"), best_t)
@@ -743,6 +775,65 @@ def _tile(
                         row_mask, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
                     move_rows(sums_ptr, counts_ptr, label64, prev64, w, moved, xr, dims, dim_mask, d0 == 0, d)
     else:
+        if X3_TIES:
+            n_near = packed & 255
+            if tl.max((row_mask & (n_near > 1)).to(tl.int32), axis=0) > 0:
+                # Rows with near scores (few tiles): direct fp32 distances decide, float64 where those
+                # lie within their rounding of each other, the lower index on equal ones (as
+                # ``fp32_tie``). Two near centroids: the pair named by ``packed``; more: every centroid.
+                x3_pair = row_mask & (n_near == 2)
+                near_sum = (packed >> 8) & 255
+                spread = tl.sqrt(tl.maximum(2 * ((packed >> 16) & 65535) - near_sum * near_sum, 0).to(tl.float32))
+                near_lo = tl.where(x3_pair, (near_sum - (spread + 0.5).to(tl.int32)) // 2, 0)
+                near_hi = tl.where(x3_pair, near_sum - near_lo, 0)
+                x3_many = row_mask & (n_near > 2)
+                run_dist = tl.full((BLOCK_N,), float("inf"), tl.float32)
+                run_label = near_lo
+                # j = -1, -2: the pair's two (x3_pair rows); 0 .. k - 1: every centroid (x3_many rows).
+                j_end = tl.where(tl.max(x3_many.to(tl.int32), axis=0) > 0, k, 0)
+                for j in range(-2, j_end):
+                    if j < 0:
+                        active = x3_pair
+                        cand = tl.where(j == -2, near_lo, near_hi)
+                    else:
+                        active = x3_many
+                        cand = tl.zeros((BLOCK_N,), tl.int32) + j
+                    cand64 = cand.to(tl.int64)
+                    dist_j = tl.zeros((BLOCK_N,), tl.float32)
+                    for d0 in range(0, d, TIE_D):
+                        dims = d0 + tl.arange(0, TIE_D)
+                        dim_mask = dims < d
+                        cand_mask = active[:, None] & dim_mask[None, :]
+                        xr = transform_rows(
+                            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=cand_mask,
+                                    other=0.0),
+                            active, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET,
+                            HAS_SCALE)
+                        diff = xr - tl.load(c32_ptr + cand64[:, None] * d + dims[None, :], mask=cand_mask, other=0.0)
+                        dist_j += tl.sum(diff * diff, axis=1)
+                    take_j = active & (dist_j < run_dist)
+                    tie = active & (run_dist < 3.0e38) & fp32_tie(run_dist, dist_j, d)
+                    if tl.max(tie.to(tl.int32), axis=0) > 0:
+                        run64 = run_label.to(tl.int64)
+                        dist_a = tl.zeros((BLOCK_N,), tl.float64)
+                        dist_b = tl.zeros((BLOCK_N,), tl.float64)
+                        for d0 in range(0, d, TIE_D):
+                            dims = d0 + tl.arange(0, TIE_D)
+                            dim_mask = dims < d
+                            tie_mask = tie[:, None] & dim_mask[None, :]
+                            xr = transform_rows(
+                                tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=tie_mask,
+                                        other=0.0),
+                                tie, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale,
+                                HAS_OFFSET, HAS_SCALE)
+                            dist_a += sq_dist64_part(xr, tl.load(c32_ptr + run64[:, None] * d + dims[None, :],
+                                                                 mask=tie_mask, other=0.0))
+                            dist_b += sq_dist64_part(xr, tl.load(c32_ptr + cand64[:, None] * d + dims[None, :],
+                                                                 mask=tie_mask, other=0.0))
+                        take_j = tl.where(tie, nearer64(dist_a, dist_b, run_label, cand), take_j)
+                    run_dist = tl.where(take_j, dist_j, run_dist)
+                    run_label = tl.where(take_j, cand, run_label)
+                label = tl.where(x3_pair | x3_many, run_label, label)
         w = tl.where(done, w, 0.0)
         label64 = label.to(tl.int64)
         if UPDATE == 4:

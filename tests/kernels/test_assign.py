@@ -1,13 +1,17 @@
 """triton_kernels/assign.py against float64 references (Triton interpreter on CPU, or a GPU)."""
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import triton
 import triton.language as tl
-from torchkm._kernels._common import ReplayedCall
+from torchkm._kernels._common import NEAR_SCORE_TIES, ReplayedCall
 from torchkm._kernels.assign import (
     _distance_floor,
     _lowest_three,
@@ -1772,6 +1776,57 @@ def test_exact_mode_settles_fp32_ties_by_float64_distances(d, k, search):
     for cfg in ({**_search_config(search, d)}, {**_search_config(search, d), "BLOCK_N": 64, "num_warps": 2}):
         out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), config=cfg)
         assert torch.equal(out.labels.cpu().long(), expected), cfg
+
+
+X3_TIES_ON = pytest.mark.skipif(not NEAR_SCORE_TIES, reason=(
+    "TORCHKM_X3_TIES=1 is read at import: run in a process of its own by "
+    "test_near_scores_settle_in_a_process_with_x3_ties_on"))
+
+
+@X3_TIES_ON
+@pytest.mark.parametrize("centroids", ["pairs", "duplicates"])
+@pytest.mark.parametrize("d, k", [(17, 7), (17, 70), (32, 40), (20, 128)])
+def test_exact_3xtf32_search_settles_near_scores_by_direct_distances(d, k, centroids):
+    """At most 32 features and 128 clusters the exact mode scores every row in 3xTF32 products
+    (``configs.exact_as_tf32x3``), with no best two to compare directly. With ``TORCHKM_X3_TIES=1``
+    rows whose lowest score has others within the scores' rounding are settled by direct distances
+    there (float64 on fp32 ties), so they take the float64 argmin of the fp32 values as every other
+    route does. Pairs: two near centroids a row (``fp32_tie_rows``); duplicates: the first pair's
+    second centroid twice, so its rows have three near scores (every centroid compared), lower
+    index on equal. (Without the setting a third to half of these rows went the other way.)"""
+    n = 203
+    x, c = fp32_tie_rows(n, d, k, seed=d * 1000 + k + 1, device=DEVICE)
+    if centroids == "duplicates":
+        c[k - 1] = c[1]
+    # (Centred rows: the kernel reads fl(x - offset), the centroids come in that space.)
+    offset = x.mean(0) if k == 70 else None
+    xt = x if offset is None else x - offset
+    if offset is not None:
+        c = c - offset
+    dist = ((xt.double().cpu()[:, None, :] - c.double().cpu()[None]) ** 2).sum(-1)
+    expected = dist.argmin(1)
+    top2 = dist.topk(2, dim=1, largest=False).values
+    # (centring rounds the rows by about 1e-7 of their size: still inside the 3xTF32 scores' rounding)
+    assert ((top2[:, 1] - top2[:, 0]) / top2[:, 0] < (1e-7 if offset is None else 1e-6)).float().mean() > 0.9
+    if centroids == "duplicates":
+        assert (expected == 1).any() and not (expected == k - 1).any()
+    got = assign(x, c, precision="exact", raw_norms=x.norm(dim=1),
+                 **({} if offset is None else {"offset": offset}))
+    assert torch.equal(got.labels.cpu().long(), expected)
+
+
+def test_near_scores_settle_in_a_process_with_x3_ties_on():
+    """The near-score tests (the kernel's above, and dense against pruned fits at 17 x 70 and 32 x
+    100 in tests/test_pruned.py) in a process with ``TORCHKM_X3_TIES=1``, which the kernels read
+    at import."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/kernels/test_assign.py::test_exact_3xtf32_search_settles_near_scores_by_direct_distances",
+         "tests/test_pruned.py::test_dense_and_pruned_fits_settle_fp32_ties_alike"],
+        cwd=root, env={**os.environ, "TORCHKM_X3_TIES": "1"}, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "11 passed" in out.stdout, out.stdout[-2000:]
 
 
 @pytest.mark.parametrize("search", ["lazy", "eager"])
