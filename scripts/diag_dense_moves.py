@@ -54,8 +54,9 @@ def main() -> None:
             continue
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
+            seed = int(time.time() * 1000) % (1 << 31)
             g = torch.Generator(device="cuda")
-            g.manual_seed(int(time.time()))
+            g.manual_seed(seed)
             x = (mixed_rows(n, d, k, g) if args.data == "mixed" else torch.randn(n, d, device="cuda", generator=g)).to(dtype)
             c0 = x[torch.randperm(n, device=x.device)[:k]].float()
             times: dict[bool, list[float]] = {False: [], True: []}
@@ -67,7 +68,7 @@ def main() -> None:
                     ms, outs[moves] = fit(x, c0, args.iters, moves)
                     times[moves].append(ms)
             ratio = statistics.median(m / s for s, m in zip(times[False], times[True]))
-            row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name, "data": args.data,
+            row = {"workload": name, "n": n, "d": d, "k": k, "dtype": dtype_name, "data": args.data, "seed": seed,
                    "sums_ms": times[False], "moves_ms": times[True], "paired_moves_over_sums": round(ratio, 4),
                    "iterations": [outs[False].n_iter, outs[True].n_iter],
                    "inertia": [float(outs[False].inertia), float(outs[True].inertia)],

@@ -595,9 +595,9 @@ def test_empty_clusters_relocated_on_the_device_as_by_torch_ops(kernels, monkeyp
 def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch, case):
     """Dense Lloyd with float64 moves (``TORCHKM_DENSE_MOVES=1``, the default up to 32 features; more
     than 64 clusters): its sums are the bounds engine's, float64 sums of fp32 rows, which come out
-    the same in any order of the atomics. So a dense fit and a pruned fit take the same steps: equal labels and iteration counts,
-    and centroids equal to the last bit, pass for pass; and the fit's labels are those of the fp32
-    sums' dense fit. ``auto``: the hybrid tries the bounds engine and hands the run back to the
+    the same in any order of the atomics. So a dense fit and a pruned fit take the same steps:
+    equal labels and iteration counts, and centroids equal to the last bit, pass for pass; and the
+    fit's labels are those of the fp32 sums' dense fit. ``auto``: the hybrid tries the bounds engine and hands the run back to the
     dense engine (its sums then those of the labels it takes over), and still takes those steps."""
     from torchkm._kernels import lloyd
 
@@ -646,9 +646,13 @@ def test_dense_float64_moves_take_the_bounds_engines_steps(kernels, monkeypatch,
         assert dense.history[0].empty_clusters >= 2
 
 
-@pytest.mark.parametrize("d, k", [(33, 70), *(pytest.param(d, k, marks=pytest.mark.skipif(
-    not NEAR_SCORE_TIES, reason="TORCHKM_X3_TIES=1 (read at import): run by tests/kernels/test_assign.py::"
-                                "test_near_scores_settle_in_a_process_with_x3_ties_on")) for d, k in ((17, 70), (32, 100)))])
+X3_TIES_ON = pytest.mark.skipif(not NEAR_SCORE_TIES, reason=(
+    "TORCHKM_X3_TIES=1 is read at import: run in a process of its own by "
+    "tests/kernels/test_assign.py::test_near_scores_settle_in_a_process_with_x3_ties_on"))
+
+
+@pytest.mark.parametrize("d, k", [(33, 70), pytest.param(17, 70, marks=X3_TIES_ON),
+                                  pytest.param(32, 100, marks=X3_TIES_ON)])
 def test_dense_and_pruned_fits_settle_fp32_ties_alike(kernels, monkeypatch, d, k):
     """Rows on the bisectors of close centroid pairs (``fp32_tie_rows``: their two distances part by
     less than fp32 rounds them): the dense pass and the bounds engine's first pass run on different
