@@ -596,14 +596,15 @@ class BoundsEngine(ReplayedEngine):
         # faster where they differ (rows of at most 32 features, see ``assign_config``). H200,
         # 245,760 x 32, k = 1024, fp32, replayed: the full pass's search 0.410 ms on the row-list
         # tiles against 0.182 ms on the dense ones, while over lists of most rows the row-list
-        # tiles took 0.25 ms and the dense ones 0.34 (2026-12-03). Over 33-64 clusters too, where
-        # the row-list tiles' search of every row (two centroid tiles, carried sums) stopped with
-        # an illegal memory access once its epilogue settled fp32 ties in float64 (H100, Triton
-        # 3.6, 24,576 x 32, k = 48 and 64, fp32 and bf16 rows; fine with TORCHKM_FLOAT64_TIES=0,
-        # 2026-12-06): the dense engine's launch there, one tile of 64 centroids, is the one its
-        # fits run.
+        # tiles took 0.25 ms and the dense ones 0.34 (2026-12-03). Wherever the row-list tiles take
+        # more than one tile of centroids: over 33-64 clusters their search of every row (two
+        # tiles, carried sums) stopped with an illegal memory access once its epilogue settled
+        # fp32 ties in float64 (H100, Triton 3.6, 24,576 x 32, k = 48 and 64, fp32 and bf16 rows;
+        # fine with TORCHKM_FLOAT64_TIES=0, 2026-12-06), and the dense engine's launch there (one
+        # tile of 64 centroids) is the one its fits run. (Not yet run on a GPU as the full pass:
+        # compiled for sm_90 only. Over one tile the row-list tiles stay, as GPU-tested.)
         full_cfg = assign_config(n, k, d, x.dtype, "exact", transposed=False)
-        if full_cfg != self.assign_pass.cfg:
+        if k > self.assign_pass.cfg["BLOCK_K"] and full_cfg != self.assign_pass.cfg:
             self.full_search = AssignPass(x, k, "exact", update=True, config=full_cfg, lower_bounds=True,
                                           scaled=row_scale is not None, fixed_rows=True)
         else:
