@@ -55,6 +55,7 @@ from ._common import (
     fp32_tie,
     launcher,
     nearer64,
+    onehot_max_k,
     onehot_width,
     sq_dist64_part,
     transform_rows,
@@ -601,12 +602,15 @@ class BoundsEngine(ReplayedEngine):
         # tiles, carried sums) stopped with an illegal memory access once its epilogue settled
         # fp32 ties in float64 (H100, Triton 3.6, 24,576 x 32, k = 48 and 64, fp32 and bf16 rows;
         # fine with TORCHKM_FLOAT64_TIES=0, 2026-12-06), and the dense engine's launch there (one
-        # tile of 64 centroids) is the one its fits run. (Not yet run on a GPU as the full pass:
+        # tile of 64 centroids) is the one its fits run. Its sums are not read (``_full_pass`` takes
+        # the float64 base by ``_exact_sums``), so over at most 64 clusters it adds none: there they
+        # would be carried through a one-hot product, the construct Triton 3.6 miscompiled in this
+        # kernel family before (BENCHMARKS.md, 2026-12-03). (Not yet run on a GPU as the full pass:
         # compiled for sm_90 only. Over one tile the row-list tiles stay, as GPU-tested.)
         full_cfg = assign_config(n, k, d, x.dtype, "exact", transposed=False)
         if k > self.assign_pass.cfg["BLOCK_K"] and full_cfg != self.assign_pass.cfg:
-            self.full_search = AssignPass(x, k, "exact", update=True, config=full_cfg, lower_bounds=True,
-                                          scaled=row_scale is not None, fixed_rows=True)
+            self.full_search = AssignPass(x, k, "exact", update=k > onehot_max_k(d), config=full_cfg,
+                                          lower_bounds=True, scaled=row_scale is not None, fixed_rows=True)
         else:
             self.full_search = self.assign_pass
         self.c = centroids.to(torch.float32).contiguous().clone()

@@ -125,7 +125,7 @@ def _run(engine, x, passes):
     return engine
 
 
-@pytest.mark.parametrize("d,k", [(17, 1), (17, 7), (17, 70), (33, 70), (129, 7)])
+@pytest.mark.parametrize("d,k", [(17, 1), (17, 7), (17, 48), (17, 70), (33, 70), (129, 7)])
 def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
     n = 301
     x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
