@@ -17,6 +17,18 @@ import bench_lloyd
 import bench_prune
 
 
+def _kernel_device() -> str:
+    """Where the Triton kernels run in this session: "cuda" on a GPU, "cpu" under
+    ``TRITON_INTERPRET=1``; skips the test where neither."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    if not torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    return "cuda"
+
+
 def test_bench_prune_run_on_cpu() -> None:
     x = bench_prune.seed000_data(999, 5, 7, 0.01, seed=3, device="cpu")
     c0 = x[:7].clone()
@@ -104,11 +116,7 @@ def test_bench_lloyd_does_not_difference_a_fit_that_converged_at_its_last_iterat
 
 def test_bench_lloyd_checks_the_box_engine() -> None:
     """bench_lloyd's check of ``algorithm="pruned"`` at d <= 8 (the box engine's kernels)."""
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        import pytest
-
-        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
-    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    device = _kernel_device()
     x = torch.randn(300, 2, generator=torch.Generator().manual_seed(0)).to(device)
     out = bench_lloyd.check_pruned(x, x[:5].clone())
     assert out["pruned_labels_off_beyond_ties_pct"] == 0.0 and out["pruned_sums_rel_err"] < 1e-5
@@ -119,11 +127,7 @@ def test_bench_lloyd_checks_the_bounds_engine() -> None:
     """bench_lloyd's check of ``algorithm="pruned"`` at d > 8 (the bounds engine): labels and the
     updated centroids, which it compares with float64 means of the labels (the labels alone had
     passed a pruned fit with wrong sums)."""
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        import pytest
-
-        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
-    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    device = _kernel_device()
     g = torch.Generator().manual_seed(0)
     centres = torch.rand(20, 17, generator=g)
     x = (centres[torch.arange(600) % 20] + 0.05 * torch.randn(600, 17, generator=g)).to(device)
@@ -160,13 +164,9 @@ def test_bench_prune_runs_dense_lloyd_with_float64_moves(monkeypatch, capsys) ->
     """``--algorithms ... lloyd-moves`` / ``lloyd-sums``: dense Lloyd with ``TORCHKM_DENSE_MOVES=1`` /
     ``0`` for that fit only (the environment restored after it; ``lloyd`` takes the default, moves
     at 17 features), and its table of label differences."""
-    import pytest
-
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    device = _kernel_device()
     from torchkm._kernels import lloyd
 
-    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     monkeypatch.setenv("TORCHKM_ENGINE", "triton")
     monkeypatch.delenv("TORCHKM_DENSE_MOVES", raising=False)
     engines = []
@@ -189,14 +189,10 @@ def test_bench_prune_runs_dense_lloyd_with_float64_moves(monkeypatch, capsys) ->
 def test_diag_search_kernels_find_the_nearest_centroid() -> None:
     """scripts/diag_search.py's stand-alone kernels (whose times BENCHMARKS.md quotes) agree with
     torch, in every orientation and epilogue but the index-free one."""
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        import pytest
-
-        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    device = _kernel_device()
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
     import diag_search
 
-    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     g = torch.Generator().manual_seed(0)
     x, c = torch.randn(150, 16, generator=g).to(device), torch.randn(90, 16, generator=g).to(device)
     c_mma, bias = diag_search.operands(c, torch.float32)
@@ -236,12 +232,8 @@ def test_diag_bound_potential_counts_both_rules_exactly(capsys) -> None:
 def test_bench_lloyd_check_reports_both_recheck_fractions() -> None:
     """``check`` (the benchmark's correctness step) runs the exact pass in raw coordinates and in
     the fit's centred ones; over-split rows off the origin re-search fewer rows centred."""
-    import pytest
-
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-        pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1")
+    device = _kernel_device()
     # (On a GPU the kernels take CUDA tensors only; the rows are drawn on the CPU either way.)
-    device = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     g = torch.Generator().manual_seed(1)
     x = bench_lloyd.mixed_rows(600, 40, 64, g, device="cpu")
     c = bench_lloyd.distinct_rows(x, 64, g)
