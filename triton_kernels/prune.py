@@ -605,8 +605,10 @@ class BoundsEngine(ReplayedEngine):
         # tile of 64 centroids) is the one its fits run. Its sums are not read (``_full_pass`` takes
         # the float64 base by ``_exact_sums``), so over at most 64 clusters it adds none: there they
         # would be carried through a one-hot product, the construct Triton 3.6 miscompiled in this
-        # kernel family before (BENCHMARKS.md, 2026-12-03). (Not yet run on a GPU as the full pass:
-        # compiled for sm_90 only. Over one tile the row-list tiles stay, as GPU-tested.)
+        # kernel family before (BENCHMARKS.md, 2026-12-03). Over more than 64 it still adds them by
+        # fp32 atomics, the GPU-tested launch, until a GPU runs the one without. (Not yet run on a
+        # GPU as the full pass: compiled for sm_90 only. Over one tile the row-list tiles stay, as
+        # GPU-tested.)
         full_cfg = assign_config(n, k, d, x.dtype, "exact", transposed=False)
         if k > self.assign_pass.cfg["BLOCK_K"] and full_cfg != self.assign_pass.cfg:
             self.full_search = AssignPass(x, k, "exact", update=k > onehot_max_k(d), config=full_cfg,

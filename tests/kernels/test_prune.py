@@ -133,11 +133,12 @@ def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
     engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
                           sample_weight=None, normalize=False, tol=0.0)
     # Short rows over more than one tile of centroids: the full pass searches on the dense
-    # engine's tiles (where they differ).
-    cfg = engine.assign_pass.cfg
-    differ = k > cfg["BLOCK_K"] and assign_config(n, k, d, x.dtype, "exact", transposed=False) != cfg
-    assert (engine.full_search is not engine.assign_pass) == differ
-    assert differ == (d <= 32 and k > 32)
+    # engine's tiles, adding no sums (never read) over at most 64 clusters.
+    separate = engine.full_search is not engine.assign_pass
+    assert separate == (d <= 32 and k > engine.assign_pass.cfg["BLOCK_K"]) == (d <= 32 and k > 32)
+    if separate:
+        assert engine.full_search.cfg == assign_config(n, k, d, x.dtype, "exact", transposed=False)
+        assert (engine.full_search.acc_sums is None) == (k <= 64)
     _run(engine, x, 5)
     assert engine.info is not None and engine.info.kernel == "pruned"
     if k > 1:
