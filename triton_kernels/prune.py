@@ -597,21 +597,20 @@ class BoundsEngine(ReplayedEngine):
         # faster where they differ (rows of at most 32 features, see ``assign_config``). H200,
         # 245,760 x 32, k = 1024, fp32, replayed: the full pass's search 0.410 ms on the row-list
         # tiles against 0.182 ms on the dense ones, while over lists of most rows the row-list
-        # tiles took 0.25 ms and the dense ones 0.34 (2026-12-03). Wherever the row-list tiles take
-        # more than one tile of centroids: over 33-64 clusters their search of every row (two
-        # tiles, carried sums) stopped with an illegal memory access once its epilogue settled
-        # fp32 ties in float64 (H100, Triton 3.6, 24,576 x 32, k = 48 and 64, fp32 and bf16 rows;
-        # fine with TORCHKM_FLOAT64_TIES=0, 2026-12-06), and the dense engine's launch there (one
-        # tile of 64 centroids) is the one its fits run. Its sums are not read (``_full_pass`` takes
-        # the float64 base by ``_exact_sums``), so over at most 64 clusters it adds none: there they
-        # would be carried through a one-hot product, the construct Triton 3.6 miscompiled in this
-        # kernel family before (BENCHMARKS.md, 2026-12-03). Over more than 64 it still adds them by
-        # fp32 atomics, the GPU-tested launch, until a GPU runs the one without. (Not yet run on a
-        # GPU as the full pass: compiled for sm_90 only. Over one tile the row-list tiles stay, as
-        # GPU-tested.)
+        # tiles took 0.25 ms and the dense ones 0.34 (2026-12-03). Its sums are never read
+        # (``_full_pass`` takes the float64 base by ``_exact_sums``), so it adds none wherever it
+        # is a launch of its own: over at most 64 clusters they would be carried through the
+        # one-hot product that Triton 3.6 miscompiles beside the float64 tie settling of these
+        # tiles (H100, compute-sanitizer, 2026-12-06: "out-of-range shared or local address" at
+        # ``_common._dot_bf16``, the row-list tiles over 48 clusters of 32 features; its shared
+        # memory shrinks with the tie code, 40,960 -> 24,576 bytes), and over more they were fp32
+        # atomics for nothing. Over more than 64 clusters on the row-list tiles, the settle passes'
+        # own launch (its sums by atomics) serves, one compile fewer.
         full_cfg = assign_config(n, k, d, x.dtype, "exact", transposed=False)
-        if k > self.assign_pass.cfg["BLOCK_K"] and full_cfg != self.assign_pass.cfg:
-            self.full_search = AssignPass(x, k, "exact", update=k > onehot_max_k(d), config=full_cfg,
+        dense_tiles = k > self.assign_pass.cfg["BLOCK_K"] and full_cfg != self.assign_pass.cfg
+        if dense_tiles or k <= onehot_max_k(d):
+            self.full_search = AssignPass(x, k, "exact", update=False,
+                                          config=full_cfg if dense_tiles else self.assign_pass.cfg,
                                           lower_bounds=True, scaled=row_scale is not None, fixed_rows=True)
         else:
             self.full_search = self.assign_pass

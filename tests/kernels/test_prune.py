@@ -132,13 +132,15 @@ def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
     labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
     engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=torch.linalg.vector_norm(x, dim=1),
                           sample_weight=None, normalize=False, tol=0.0)
-    # Short rows over more than one tile of centroids: the full pass searches on the dense
-    # engine's tiles, adding no sums (never read) over at most 64 clusters.
-    separate = engine.full_search is not engine.assign_pass
-    assert separate == (d <= 32 and k > engine.assign_pass.cfg["BLOCK_K"]) == (d <= 32 and k > 32)
-    if separate:
-        assert engine.full_search.cfg == assign_config(n, k, d, x.dtype, "exact", transposed=False)
-        assert (engine.full_search.acc_sums is None) == (k <= 64)
+    # The full pass adds no sums (never read) in a launch of its own: on the dense engine's tiles
+    # where short rows take more than one tile of centroids, on the row-list tiles over at most 64
+    # clusters; over more clusters on the row-list tiles it is the settle passes' own launch.
+    full, listed = engine.full_search, engine.assign_pass
+    dense_tiles = d <= 32 and k > 32
+    assert (full is not listed) == (dense_tiles or k <= 64)
+    if full is not listed:
+        assert full.acc_sums is None
+        assert full.cfg == (assign_config(n, k, d, x.dtype, "exact", transposed=False) if dense_tiles else listed.cfg)
     _run(engine, x, 5)
     assert engine.info is not None and engine.info.kernel == "pruned"
     if k > 1:
