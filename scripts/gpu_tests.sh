@@ -8,6 +8,7 @@
 # $OUT/pytest_shard_<i>.log, a summary line per shard. Failed tests are named after the summary lines;
 # a shard stopped by the budget lists the test functions it held (its log's dots say how far it got).
 # PYTEST_ADDOPTS reaches the test runs, not the collection (a -v there would change what it parses).
+# WRAP: a command the test runs start under, e.g. WRAP="compute-sanitizer --tool memcheck --print-limit 3".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -31,7 +32,7 @@ if [ "$shards" -gt 1 ]; then
   pids=()
   for ids in "$OUT"/test_ids_*; do
     i=${ids##*_}
-    timeout "$((budget - (SECONDS - start)))" python3 -m pytest -q -rfEs -p no:cacheprovider $(cat "$ids") \
+    timeout "$((budget - (SECONDS - start)))" ${WRAP:-} python3 -m pytest -q -rfEs -p no:cacheprovider $(cat "$ids") \
       >"$OUT/pytest_shard_$i.log" 2>&1 &
     pids+=($!)
   done
@@ -55,7 +56,7 @@ for f in "$@"; do
   left=$((budget - (SECONDS - start)))
   if [ "$left" -lt 20 ]; then echo "not run: $f"; continue; fi
   log="$OUT/pytest_$(echo "$f" | tr '/' '_' | sed 's/\.py$//').log"
-  timeout "$left" python3 -m pytest -q -rfEs -p no:cacheprovider "$f" >"$log" 2>&1
+  timeout "$left" ${WRAP:-} python3 -m pytest -q -rfEs -p no:cacheprovider "$f" >"$log" 2>&1
   rc=$?
   [ "$rc" -ne 0 ] && status=1
   echo "$f rc=$rc $(tail -1 "$log") ($((SECONDS - start)) s)"
