@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from torchkm._kernels._common import NEAR_SCORE_TIES, UPDATE_CARRY, ReplayedCall
+from torchkm._kernels._common import NEAR_SCORE_TIES, UPDATE_CARRY, UPDATE_ONEHOT, ReplayedCall
 from torchkm._kernels.assign import (
     _distance_floor,
     _lowest_three,
@@ -1778,14 +1778,20 @@ def test_exact_mode_settles_fp32_ties_by_float64_distances(d, k, search):
         assert torch.equal(out.labels.cpu().long(), expected), cfg
 
 
+@pytest.mark.parametrize("carry", ["1", "0"])
 @pytest.mark.parametrize("d, k", [(40, 7), (64, 16), (64, 48)])
-def test_exact_mode_settles_fp32_ties_while_carrying_sums(monkeypatch, d, k):
+def test_exact_mode_settles_fp32_ties_while_carrying_sums(monkeypatch, d, k, carry):
     """The tie rows above through the pass fits run at up to 64 clusters of 33-64 features: the
     exact search, its float64 tie settling, and the rows added into sums carried through a one-hot
-    product. Labels and sums against float64. (On sm_90, Triton 3.6 gives these launches less
-    shared memory with the tie code than without, as it gave the bounds engine's row-list launch
-    whose one-hot product compute-sanitizer caught reading outside its shared memory:
+    product (``TORCHKM_CARRY_SUMS=0``: a one-hot partial per tile, added by atomics). Labels and
+    sums against float64. (On sm_90, Triton 3.6 gives the carried launches less shared memory with
+    the tie code than without, as it gave the bounds engine's row-list launch whose one-hot product
+    compute-sanitizer caught reading outside its shared memory; the per-tile ones keep theirs:
     BENCHMARKS.md, 2026-12-06.)"""
+    from torchkm._kernels.assign import _reused_passes
+
+    monkeypatch.setenv("TORCHKM_CARRY_SUMS", carry)
+    _reused_passes().clear()  # (a kept pass would keep its update mode)
     launches = _record_assign_launches(monkeypatch, lambda kwargs: kwargs["UPDATE"])
     n = 24_576 if ON_GPU else 203
     x, c = fp32_tie_rows(n, d, k, seed=d * 1000 + k + 1, device=DEVICE)
@@ -1794,7 +1800,8 @@ def test_exact_mode_settles_fp32_ties_while_carrying_sums(monkeypatch, d, k):
     counts = torch.zeros(k, device=DEVICE)
     out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts,
                  prev_labels=torch.zeros(n, dtype=torch.int64, device=DEVICE))
-    assert UPDATE_CARRY in launches
+    assert (UPDATE_CARRY if carry == "1" else UPDATE_ONEHOT) in launches
+    assert (UPDATE_CARRY in launches) == (carry == "1")
     assert torch.equal(out.labels.cpu().long(), expected)
     ref_sums, ref_counts = update_reference(x, out.labels, k)
     torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-4)
