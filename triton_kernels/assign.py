@@ -2350,11 +2350,8 @@ class AssignPass:
         elif k > onehot_max_k(d):
             # (The small-d kernel adds into the first copy only.)
             self.update, n_replicas = UPDATE_ATOMIC, 1 if self.small_d else atomic_replicas(k, d)
-        elif carries(k, d) and not self.small_d and os.environ.get("TORCHKM_CARRY_SUMS") != "0":
+        elif carries(k, d) and not self.small_d:
             # Each program adds its sums once (persistent programs, see ``carries``): no queueing.
-            # (``TORCHKM_CARRY_SUMS=0``: a one-hot partial per tile instead, added by atomics; for
-            # experiments on the carried launches at 33-64 features, whose sm_90 compile shrinks
-            # its shared memory with the tie code: BENCHMARKS.md, 2026-12-06.)
             self.update, n_replicas = UPDATE_CARRY, 1
         else:
             self.update = UPDATE_ONEHOT

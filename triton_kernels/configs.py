@@ -22,8 +22,6 @@ for every call instead of reusing one per shape; see ``assign._reusable_key``) a
 ``TORCHKM_REPLAY_QUERIES=0`` (kept query passes run their launches eagerly instead of as a replayed
 CUDA graph; see ``assign._KeptPass``) and ``TORCHKM_ONEHOT_SUMS=ieee`` (the one-hot sums of few
 clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums``) and
-``TORCHKM_CARRY_SUMS=0`` (those sums as a one-hot partial per tile added by atomics, not carried
-across a program's tiles; see ``_common.carries``) and
 ``TORCHKM_LAZY_KEYS`` (``1``/``0``: packed keys in the lazy search from 2 centroid tiles / never;
 see ``assign.AssignPass._lazy_bits``) and ``TORCHKM_ASSIGN_MAXNREG`` (that search's register caps,
 see ``lazy_register_cap``) and ``TORCHKM_DENSE_MOVES=1``/``0`` (dense Lloyd keeps float64 sums across

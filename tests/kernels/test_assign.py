@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from torchkm._kernels._common import NEAR_SCORE_TIES, UPDATE_CARRY, UPDATE_ONEHOT, ReplayedCall
+from torchkm._kernels._common import NEAR_SCORE_TIES, UPDATE_CARRY, ReplayedCall
 from torchkm._kernels.assign import (
     _distance_floor,
     _lowest_three,
@@ -1278,6 +1278,32 @@ def test_fused_counts_and_sums_at_default_configs(precision, n, d, k):
     torch.testing.assert_close(sums, torch.zeros_like(sums).index_add_(0, labels, x), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="default tile configs at benchmark sizes need a GPU")
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d,k", [(40, 7), (64, 33), (64, 48), (64, 64), (96, 48), (128, 64)])
+def test_fused_sums_of_half_precision_rows_at_default_configs(precision, dtype, d, k):
+    """bf16 / fp16 rows of 33-128 features and at most 64 clusters: the one-hot sums carried
+    across a program's tiles (<= 64 features) or added tile by tile (wider rows), against float64
+    sums by the pass's own labels. (A one-hot partial per tile at 64 features, fast half-precision
+    launches, once returned NaN sums on an H100 with right labels: BENCHMARKS.md, 2026-12-06.)"""
+    n = 24_577
+    g = torch.Generator(device="cuda").manual_seed(d * 100 + k)
+    centres = torch.rand(k, d, device="cuda", generator=g)
+    x = (centres[torch.arange(n, device="cuda") % k] + 0.2 * torch.randn(n, d, device="cuda", generator=g)).to(dtype)
+    c = x[:k].float()
+    labels = torch.full((n,), -7, dtype=torch.int64, device="cuda")
+    sums = torch.full((k, d), float("nan"), device="cuda").zero_()
+    counts = torch.zeros(k, device="cuda")
+    assign(x, c, precision=precision, labels=labels, sums=sums, counts=counts, store_sq_dist=False)
+    assert int(labels.min()) >= 0 and int(labels.max()) < k
+    x64 = x.double()
+    ref_sums = torch.zeros(k, d, dtype=torch.float64, device="cuda").index_add_(0, labels, x64)
+    assert torch.equal(counts.double(), torch.bincount(labels, minlength=k).double())
+    assert bool(torch.isfinite(sums).all())
+    assert float((sums.double() - ref_sums).abs().max()) <= 1e-5 * max(1.0, float(ref_sums.abs().max()))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="millions of rows a cluster chain need a GPU")
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -1778,20 +1804,14 @@ def test_exact_mode_settles_fp32_ties_by_float64_distances(d, k, search):
         assert torch.equal(out.labels.cpu().long(), expected), cfg
 
 
-@pytest.mark.parametrize("carry", ["1", "0"])
 @pytest.mark.parametrize("d, k", [(40, 7), (64, 16), (64, 48)])
-def test_exact_mode_settles_fp32_ties_while_carrying_sums(monkeypatch, d, k, carry):
+def test_exact_mode_settles_fp32_ties_while_carrying_sums(monkeypatch, d, k):
     """The tie rows above through the pass fits run at up to 64 clusters of 33-64 features: the
     exact search, its float64 tie settling, and the rows added into sums carried through a one-hot
-    product (``TORCHKM_CARRY_SUMS=0``: a one-hot partial per tile, added by atomics). Labels and
-    sums against float64. (On sm_90, Triton 3.6 gives the carried launches less shared memory with
-    the tie code than without, as it gave the bounds engine's row-list launch whose one-hot product
-    compute-sanitizer caught reading outside its shared memory; the per-tile ones keep theirs:
-    BENCHMARKS.md, 2026-12-06.)"""
-    from torchkm._kernels.assign import _reused_passes
-
-    monkeypatch.setenv("TORCHKM_CARRY_SUMS", carry)
-    _reused_passes().clear()  # (a kept pass would keep its update mode)
+    product. Labels and sums against float64. (On sm_90, Triton 3.6 gives these launches less
+    shared memory with the tie code than without, as it gave the bounds engine's row-list launch
+    whose one-hot product compute-sanitizer caught reading outside its shared memory; on an H100
+    these pass, also under memcheck: BENCHMARKS.md, 2026-12-06.)"""
     launches = _record_assign_launches(monkeypatch, lambda kwargs: kwargs["UPDATE"])
     n = 24_576 if ON_GPU else 203
     x, c = fp32_tie_rows(n, d, k, seed=d * 1000 + k + 1, device=DEVICE)
@@ -1800,8 +1820,7 @@ def test_exact_mode_settles_fp32_ties_while_carrying_sums(monkeypatch, d, k, car
     counts = torch.zeros(k, device=DEVICE)
     out = assign(x, c, precision="exact", raw_norms=x.norm(dim=1), sums=sums, counts=counts,
                  prev_labels=torch.zeros(n, dtype=torch.int64, device=DEVICE))
-    assert (UPDATE_CARRY if carry == "1" else UPDATE_ONEHOT) in launches
-    assert (UPDATE_CARRY in launches) == (carry == "1")
+    assert UPDATE_CARRY in launches
     assert torch.equal(out.labels.cpu().long(), expected)
     ref_sums, ref_counts = update_reference(x, out.labels, k)
     torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-4)
