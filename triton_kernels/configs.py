@@ -25,7 +25,9 @@ clusters in fp32 FMAs instead of three bf16 products; see ``_common.onehot_sums`
 ``TORCHKM_LAZY_KEYS`` (``1``/``0``: packed keys in the lazy search from 2 centroid tiles / never;
 see ``assign.AssignPass._lazy_bits``) and ``TORCHKM_ASSIGN_MAXNREG`` (that search's register caps,
 see ``lazy_register_cap``) and ``TORCHKM_DENSE_MOVES=1``/``0`` (dense Lloyd keeps float64 sums across
-passes always / never, instead of for rows of at most 32 features; see ``dense_moves``) and ``TORCHKM_EPILOGUE_WIDTH`` (features per chunk of the assignment
+passes always / never, instead of for rows of at most 32 features; see ``dense_moves``) and
+``TORCHKM_DENSE_PASSES`` (the bounds engine's passes over every row after a start and a relocation; see
+``dense_settle_passes``) and ``TORCHKM_EPILOGUE_WIDTH`` (features per chunk of the assignment
 epilogue; see ``assign.AssignPass.__call__``).
 """
 
@@ -36,7 +38,7 @@ import os
 import torch
 import triton
 
-__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "DENSE_MOVES_MAX_D", "dense_moves", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config", "top_moves",
+__all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "candidate_config", "candidate_exact_config", "DENSE_MOVES_MAX_D", "dense_moves", "dense_settle_passes", "exact_as_tf32x3", "lazy_register_cap", "num_persistent_programs", "settle_config", "small_d_launch", "tf32x3_rows_config", "top_moves",
            "update_config"]
 
 
@@ -390,6 +392,26 @@ def settle_config() -> dict:
     # H200, 3.9M x 32, k = 1024 (scripts/diag_bounds.py, 2026-11-22): 227 us per pass at 256 rows
     # and 4 warps; 245 at 128 / 4, 243 at 64 / 2, 278 at 256 / 8, 300 at 512 / 8.
     return {"BLOCK_N": 256, "num_warps": 4}
+
+
+def dense_settle_passes() -> tuple[int, int]:
+    """How many of the bounds engine's passes after its first pass, and after a relocation of empty
+    clusters, search every row on the dense engine's tiles instead of settling rows and searching
+    the rest (``prune.BoundsEngine``, where those tiles differ from the row-list ones): while the
+    centroids still move far, most rows are listed, and the row-list search over most rows is
+    slower than the dense one over every row. ``TORCHKM_DENSE_PASSES=A,B`` sets both (``0,0``:
+    none), for experiments.
+
+    H100, 2026-12-06, seed 000 group B (``bench_prune.py --decompose``: a fit's kernel time under
+    torch.profiler, one process per setting), GPU ms per fit with 0,0 / 2,1 / 3,1: 245,760 x 32,
+    k = 1,024, sigma^2 0.0125 4.02 / 3.78 / 3.78, 0.05 9.14 / 8.87 / 8.80; 3.9M rows 104.2 /
+    101.5 / 100.9 and 136.2 / 133.1 / 132.7: the same labels and iterations. (Whole fits' wall
+    times at 245,760 rows moved by more than that from process to process.)"""
+    spec = os.environ.get("TORCHKM_DENSE_PASSES")
+    if spec:
+        after_start, after_relocation = (max(0, int(v)) for v in spec.split(","))
+        return after_start, after_relocation
+    return 3, 1
 
 
 def top_moves(k: int, d: int) -> int:

@@ -407,6 +407,7 @@ class GroupBoundsEngine(BoundsEngine):
     kernel = "pruned"
     warm_kind = "groups"
     relocates_on_device = False  # (not measured with the sorted copy: the torch relocation)
+    dense_passes = False  # (a dense pass would take no group bounds)
 
     def __init__(self, x: torch.Tensor, centroids: torch.Tensor, labels: torch.Tensor, *,
                  group_size: int = GROUP_SIZE, **kwargs):

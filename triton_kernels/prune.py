@@ -62,7 +62,7 @@ from ._common import (
 )
 from .assign import SMALL_D, AssignPass
 from .centroids import block_frozen, finish_update, moves_reference, shift_top_reference
-from .configs import assign_config, settle_config, top_moves
+from .configs import assign_config, dense_settle_passes, settle_config, top_moves
 from .lloyd import ReplayedEngine, ReplayedPass, device_tol, launch_key
 from .update import float64_sums
 
@@ -554,6 +554,7 @@ class BoundsEngine(ReplayedEngine):
 
     kernel = "pruned"
     warm_kind = "bounds"  # the settle pass's kernels (``ReplayedPass``'s warm key)
+    dense_passes = True  # whether the passes after a start or a relocation may search every row (``__init__``)
     relocates_on_device = True
     # As ``LloydEngine``'s: a settle pass from the current ``c`` (its bounds already lowered by the
     # last update's moves) gives the labels an exact pass over ``c`` would, and their inertia.
@@ -614,6 +615,26 @@ class BoundsEngine(ReplayedEngine):
                                           lower_bounds=True, scaled=row_scale is not None, fixed_rows=True)
         else:
             self.full_search = self.assign_pass
+        # The passes right after the first and after a relocation of empty clusters, while the
+        # centroids still move far and most rows fail their bounds: there the row-list search over
+        # most rows is slower than the dense tiles' over every row (H200, 245,760 x 32, k = 1,024:
+        # 0.249 against 0.192 ms with every row listed; passes 2-4 of a fit list most rows; a
+        # fit's GPU time 3-6 % less, H100: ``dense_settle_passes``). Where
+        # those tiles differ, such passes search every row on them instead of settling any, move
+        # the rows that change cluster between the same float64 sums, and take fresh bounds
+        # (``configs.dense_settle_passes``: how many after a start, and after a relocation). Over
+        # at most 64 clusters the dense tiles carry their sums, which moves over every row cannot
+        # take (``AssignPass.__call__``).
+        self.dense_after = dense_settle_passes() if self.dense_passes and dense_tiles and k > onehot_max_k(d) else (0, 0)
+        self.dense_search: AssignPass | None = None
+        if any(self.dense_after):
+            self.dense_search = AssignPass(x, k, "exact", update=True, config=full_cfg, lower_bounds=True, moves=True,
+                                           scaled=row_scale is not None, fixed_rows=True)
+            shared = self.assign_pass
+            self.dense_search.move_acc = shared.move_acc
+            self.dense_search.move_sums, self.dense_search.move_counts = shared.move_sums, shared.move_counts
+        self._dense_left = self.dense_after[0]
+        self._order: list[ReplayedPass] = []  # which pass ran each call of the block, for ``read``
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
@@ -639,8 +660,10 @@ class BoundsEngine(ReplayedEngine):
         self.infos: list[PassInfo] = []  # one per row of the last ``read``
         # A settle pass is about five launches, more host time than a small pass takes on the GPU:
         # it is replayed as a CUDA graph from its second run on, or its first when warm (``ReplayedPass``).
-        self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, self.record.numel(),
-                          launch_key(self.warm_kind, k, {"x": x, "labels": labels, **self.inputs}, normalize=normalize))
+        key = launch_key(self.warm_kind, k, {"x": x, "labels": labels, **self.inputs}, normalize=normalize)
+        self._init_passes(self._settle_pass, device, graphs, timed, self.block_size, self.record.numel(), key)
+        self._dense_passes = (ReplayedPass(self._dense_pass, device, graphs, timed, ("dense", *key))
+                              if self.dense_search is not None else None)
         self._first = True  # the first pass searches every row: the bounds come from it ("full")
         # The full pass, by whether it has previous labels: eager the first time, then (a fit that
         # restarts this engine, see ``restart``) captured and replayed. Eagerly its launches cost the
@@ -662,6 +685,9 @@ class BoundsEngine(ReplayedEngine):
         later ones are settle passes."""
         if self._first:
             self._first = False
+            # A run the hybrid hands over (previous labels) starts from centroids that already
+            # settled some: its settle passes list fewer rows from the start.
+            self._dense_left = 0 if has_prev else self.dense_after[0]
             self._passes.begin(single="full")
             self._full_passes[has_prev]()
             return
@@ -696,6 +722,16 @@ class BoundsEngine(ReplayedEngine):
         inp = self.inputs
         float64_sums(self.x, self.labels, self.c.shape[0], sample_weight=inp["sample_weight"], offset=inp["offset"],
                      row_scale=inp["row_scale"], out=(sums, counts))
+
+    def _dense_pass(self) -> None:
+        """A pass that settles no row: every row searched on the dense tiles, with its bound taken
+        afresh, and the rows that change cluster moved between the float64 sums (see ``__init__``)."""
+        p = self.dense_search
+        self.active_count.fill_(self.x.shape[0])
+        p(self.x, self.c, **self.inputs, prev_labels=self.labels, labels=self.labels, sq_dist=self.sq_dist,
+          zero=(self.record,), lower=self.lower, clear=False, control=self.control, stats_prev=self.stats_prev,
+          iteration=0, tol=self.tol_device, moves=True)
+        self._finish(self.control, p.move_sums, p.move_counts, p)
 
     def _settle_pass(self) -> None:
         self._settle()
@@ -736,10 +772,48 @@ class BoundsEngine(ReplayedEngine):
         )
 
     def _settle_passes_run(self, passes: int) -> None:
-        """``passes`` settle passes without a host sync, each record into ``log``."""
-        self._run_passes(passes, self.record)
+        """``passes`` settle passes without a host sync, each record into ``log`` (the first ones
+        after a start or a relocation over every row, see ``__init__``)."""
+        self._block_state.copy_(self._go)
+        self._passes.begin()
+        if self._dense_passes is not None:
+            self._dense_passes.begin()
+        self._order = []
+        for _ in range(passes):
+            run = self._passes
+            if self._dense_left > 0 and self._dense_passes is not None:
+                self._dense_left -= 1
+                run = self._dense_passes
+            run()
+            self._order.append(run)
+            if self.recording is None:
+                self.log[len(self._order) - 1].copy_(self.record)
         # Later settle passes run in blocks (``run_block``), where asked for.
         self.block = self.block_size
+
+    def _read_passes(self, rows: int) -> None:
+        if getattr(self, "_dense_passes", None) is None or self._passes._single is not None:
+            super()._read_passes(rows)
+            return
+        # The two kinds of pass in the order they ran.
+        reads = {id(run): [iter(v) for v in run.read(len(run.kinds))] for run in (self._passes, self._dense_passes)}
+        merged = [[next(parts[i]) for run in self._order[:rows] for parts in [reads[id(run)]]] for i in range(3)]
+        self.pass_kinds, self.pass_seconds, self.pass_host_seconds = merged
+
+    @property
+    def timed(self) -> bool:
+        return self._passes.timed
+
+    @timed.setter
+    def timed(self, value: bool) -> None:
+        self._passes.timed = value
+        if getattr(self, "_dense_passes", None) is not None:
+            self._dense_passes.timed = value
+
+    def relocate(self, rows: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
+        shift = super().relocate(rows, clusters)
+        self._dense_left = self.dense_after[1]
+        return shift
 
     def run_block(self, iterations: int) -> None:
         """Up to ``iterations`` (<= ``block_size``) settle passes with one host sync (at the ``read``):
@@ -773,6 +847,7 @@ class BoundsEngine(ReplayedEngine):
         """Call after changing ``c`` outside the engine's passes (empty-cluster relocation): the
         next settle pass lowers the bounds by the moves from ``c_old`` to the new ``c``."""
         self.shift_top.copy_(shift_top_reference(self.c, self.c_old, self.shift_margin))
+        self._dense_left = self.dense_after[1]
         if self.top_m:
             self.moves.copy_(moves_reference(self.c, self.c_old, self.shift_margin))
 

@@ -240,6 +240,57 @@ def test_bounds_engine_sums_stay_float64_from_its_first_pass():
         torch.testing.assert_close(p.move_counts[0], counts, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("after", ["2,1", "0,0", "1,2"])
+def test_bounds_engine_searches_every_row_right_after_a_start_and_a_relocation(after, monkeypatch):
+    """Where the dense tiles differ from the row-list ones, the passes right after the first and
+    after a relocation (``TORCHKM_DENSE_PASSES``) search every row there: each pass's labels are
+    the dense exact pass's, the float64 sums those of the rows by their labels, every stored bound
+    holds, and the passes after them settle rows again."""
+    monkeypatch.setenv("TORCHKM_DENSE_PASSES", after)
+    after_start, after_relocation = (int(v) for v in after.split(","))
+    n, d, k = 501, 17, 70
+    x, c = _clustered(n, d, k, seed=5, sigma=0.05)
+    labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    norms = torch.linalg.vector_norm(x, dim=1)
+    engine = BoundsEngine(x, c, labels, offset=None, row_scale=None, raw_norms=norms, sample_weight=None,
+                          normalize=False, tol=0.0, block=2)
+    assert (engine.dense_search is not None) == (after != "0,0")
+    xd = x.double()
+    kinds = []
+
+    def one_pass(it):
+        c_pass = engine.c.clone()
+        if it == 0:
+            engine.iterate(has_prev=False)
+            engine.read(1)
+        else:
+            engine.run_block(1)
+            engine.read(1)
+            kinds.append("dense" if engine._order[0] is engine._dense_passes else "settle")
+        want = assign(x, c_pass, precision="exact", raw_norms=norms).labels
+        np.testing.assert_array_equal(labels.long().cpu().numpy(), want.cpu().numpy())
+        own = labels.long()
+        p = engine.assign_pass
+        sums = torch.zeros(k, d, dtype=torch.float64, device=DEVICE).index_add_(0, own, xd)
+        torch.testing.assert_close(p.move_sums[0], sums, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(p.move_counts[0], torch.bincount(own, minlength=k).double(), rtol=0, atol=0)
+        sq = torch.cdist(xd, c_pass.double()) ** 2
+        others = sq.scatter(1, own[:, None], float("inf")).min(1).values
+        assert not bool((engine.lower.double() > others * (1 + 1e-6) + 1e-9).any()), f"pass {it}"
+        return engine.info
+
+    for it in range(5):
+        info = one_pass(it)
+    assert kinds == ["dense"] * after_start + ["settle"] * (4 - after_start)
+    assert info.skipped_bound > 0.2  # settle passes settle rows again
+    # A relocation (here of a row into cluster 3): the next passes search every row again.
+    engine.relocate(torch.tensor([7], device=DEVICE), torch.tensor([3], device=DEVICE))
+    kinds.clear()
+    for it in range(5, 8):
+        one_pass(it)
+    assert kinds == ["dense"] * after_relocation + ["settle"] * (3 - after_relocation)
+
+
 @pytest.mark.parametrize("top_m", [0, 16])
 @pytest.mark.parametrize("announce", [True, False])
 def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_passes(announce, top_m, monkeypatch):
