@@ -403,15 +403,27 @@ def dense_settle_passes() -> tuple[int, int]:
     none), for experiments.
 
     H100, 2026-12-06, seed 000 group B (``bench_prune.py --decompose``: a fit's kernel time under
-    torch.profiler, one process per setting), GPU ms per fit with 0,0 / 2,1 / 3,1: 245,760 x 32,
-    k = 1,024, sigma^2 0.0125 4.02 / 3.78 / 3.78, 0.05 9.14 / 8.87 / 8.80; 3.9M rows 104.2 /
-    101.5 / 100.9 and 136.2 / 133.1 / 132.7: the same labels and iterations. (Whole fits' wall
-    times at 245,760 rows moved by more than that from process to process.)"""
+    torch.profiler, one process per setting, same data), GPU ms per fit, k = 1,024:
+
+    | setting | 245,760 x 32, sigma^2 0.0125 | 0.05 | 3.9M x 32, 0.0125 | 0.05 |
+    |---|---:|---:|---:|---:|
+    | 0,0 (none) | 4.04 | 9.17 | 106.6 | 134.9 |
+    | 3,1 | 3.78 | 8.80 | 102.7 | 132.3 |
+    | 3,3 | 3.77 | 8.88 | 102.0 | 132.1 |
+    | 6,3 | 3.76 | 8.63 | 99.7 | 129.1 |
+    | 8,3 | 3.75 | 8.52 | 102.2 | 126.9 |
+    | **5,2** | **3.61** | **8.60** | **99.3** | **129.5** |
+
+    with the same labels and iterations (29, 62, 101, 103). Passes counted by ncu in one such fit
+    (245,760 rows, sigma^2 0.05, with 3,1): a dense pass 211 us, the list passes right after it
+    265-297 us, 60-70 a few passes later. (Whole fits' wall times at 245,760 rows moved by more
+    than these differences from process to process.)
+    """
     spec = os.environ.get("TORCHKM_DENSE_PASSES")
     if spec:
         after_start, after_relocation = (max(0, int(v)) for v in spec.split(","))
         return after_start, after_relocation
-    return 3, 1
+    return 5, 2
 
 
 def top_moves(k: int, d: int) -> int:

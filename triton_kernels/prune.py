@@ -619,7 +619,7 @@ class BoundsEngine(ReplayedEngine):
         # centroids still move far and most rows fail their bounds: there the row-list search over
         # most rows is slower than the dense tiles' over every row (H200, 245,760 x 32, k = 1,024:
         # 0.249 against 0.192 ms with every row listed; passes 2-4 of a fit list most rows; a
-        # fit's GPU time 3-6 % less, H100: ``dense_settle_passes``). Where
+        # fit's GPU time 4-11 % less, H100: ``dense_settle_passes``). Where
         # those tiles differ, such passes search every row on them instead of settling any, move
         # the rows that change cluster between the same float64 sums, and take fresh bounds
         # (``configs.dense_settle_passes``: how many after a start, and after a relocation). Over

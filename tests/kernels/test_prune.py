@@ -126,7 +126,8 @@ def _run(engine, x, passes):
 
 
 @pytest.mark.parametrize("d,k", [(17, 1), (17, 7), (17, 48), (17, 70), (33, 70), (129, 7)])
-def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
+def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k, monkeypatch):
+    monkeypatch.setenv("TORCHKM_DENSE_PASSES", "1,1")  # (17, 70): one pass over every row, then settle passes
     n = 301
     x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
     labels = torch.empty(n, dtype=torch.int32, device=DEVICE)
@@ -150,11 +151,14 @@ def test_bounds_engine_labels_equal_dense_pass_each_iteration(d, k):
 # Carried one-hot sums, a full pass on its own tiles, and per-row atomics. (301 rows in 70 blobs of
 # 17 features settle too few; 501 leave no cluster empty, which this loop does not relocate.)
 @pytest.mark.parametrize("d,k,n", [(17, 7, 301), (17, 70, 501), (33, 70, 301)])
-def test_bounds_engine_blocks_follow_the_dense_engine_and_freeze_where_it_stops(d, k, n):
+def test_bounds_engine_blocks_follow_the_dense_engine_and_freeze_where_it_stops(d, k, n, monkeypatch):
     """Settle passes run in blocks of 3 under the device's control (eagerly here; replayed as a
     CUDA graph on a GPU): every pass's statistics equal the dense engine's, and a block stops where
-    a pass changed no label, leaving the state of that pass."""
+    a pass changed no label, leaving the state of that pass. (At 17 x 70 the first two passes after
+    the first search every row: the first alone, the second first in a block.)"""
     from torchkm._kernels.lloyd import LloydEngine
+
+    monkeypatch.setenv("TORCHKM_DENSE_PASSES", "2,1")
 
     x, c = _clustered(n, d, k, seed=d + k, sigma=0.05)
     norms = torch.linalg.vector_norm(x, dim=1)
