@@ -174,7 +174,12 @@ class ReplayedEngine:
 
     @timed.setter
     def timed(self, value: bool) -> None:
-        self._passes.timed = value
+        for run in self._replayed_passes():
+            run.timed = value
+
+    def _replayed_passes(self) -> list[ReplayedPass]:
+        """Every ``ReplayedPass`` of the engine's blocks (one kind of pass here)."""
+        return [self._passes]
 
     def _init_passes(self, run: Callable[[], None], device: torch.device, graphs: bool, timed: bool, block: int,
                      width: int, warm_key: tuple | None = None, recorded: bool = True) -> None:

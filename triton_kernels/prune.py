@@ -796,19 +796,12 @@ class BoundsEngine(ReplayedEngine):
             super()._read_passes(rows)
             return
         # The two kinds of pass in the order they ran.
-        reads = {id(run): [iter(v) for v in run.read(len(run.kinds))] for run in (self._passes, self._dense_passes)}
+        reads = {id(run): [iter(v) for v in run.read(len(run.kinds))] for run in self._replayed_passes()}
         merged = [[next(parts[i]) for run in self._order[:rows] for parts in [reads[id(run)]]] for i in range(3)]
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds = merged
 
-    @property
-    def timed(self) -> bool:
-        return self._passes.timed
-
-    @timed.setter
-    def timed(self, value: bool) -> None:
-        self._passes.timed = value
-        if getattr(self, "_dense_passes", None) is not None:
-            self._dense_passes.timed = value
+    def _replayed_passes(self) -> list[ReplayedPass]:
+        return [self._passes] + ([self._dense_passes] if getattr(self, "_dense_passes", None) is not None else [])
 
     def relocate(self, rows: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
         shift = super().relocate(rows, clusters)

@@ -295,6 +295,27 @@ def test_bounds_engine_searches_every_row_right_after_a_start_and_a_relocation(a
     assert kinds == ["dense"] * after_relocation + ["settle"] * (3 - after_relocation)
 
 
+def test_bounds_engine_reads_both_kinds_of_pass_in_the_order_they_ran(monkeypatch):
+    """A block that runs passes over every row, then settle passes: ``read`` reports how each ran
+    and its time (timed engines: the hybrid's trial) in that order."""
+    monkeypatch.setenv("TORCHKM_DENSE_PASSES", "2,1")
+    n, d, k = 501, 17, 70
+    x, c = _clustered(n, d, k, seed=5, sigma=0.05)
+    engine = BoundsEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), offset=None, row_scale=None,
+                          raw_norms=None, sample_weight=None, normalize=False, tol=-1.0, block=4, timed=True)
+    engine.iterate(has_prev=False)
+    engine.read(1)
+    engine.run_block(4)
+    assert len(engine.read(4)) == 4
+    assert [run is engine._dense_passes for run in engine._order] == [True, True, False, False]
+    # (Without graphs: each kind's first call compiles and is not timed, later ones run eagerly.)
+    assert engine.pass_kinds == ["first", "eager", "first", "eager"]
+    assert [s is None for s in engine.pass_seconds] == [True, False, True, False]
+    assert len(engine.pass_host_seconds) == 4
+    engine.timed = False
+    assert not any(run.timed for run in engine._replayed_passes())
+
+
 @pytest.mark.parametrize("top_m", [0, 16])
 @pytest.mark.parametrize("announce", [True, False])
 def test_bounds_engine_lowers_its_bounds_after_centroids_change_outside_its_passes(announce, top_m, monkeypatch):
