@@ -258,16 +258,32 @@ class ReplayedEngine:
         return stats[1]
 
     def _read_passes(self, rows: int) -> None:
-        self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
+        """How each of the first ``rows`` passes since the last block began ran, and its times, in
+        the order they ran (``ReplayedPass.read`` of each kind)."""
+        order = getattr(self, "_order", [])
+        if self._passes._single is not None or all(run is self._passes for run in order[:rows]):
+            self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
+            return
+        reads = {id(run): [iter(v) for v in run.read(len(run.kinds))] for run in self._replayed_passes()}
+        self.pass_kinds, self.pass_seconds, self.pass_host_seconds = (
+            [next(reads[id(run)][i]) for run in order[:rows]] for i in range(3))
+
+    def _next_pass(self) -> ReplayedPass:
+        """The kind of pass a block runs next (one kind here)."""
+        return self._passes
 
     def _run_passes(self, passes: int, record: torch.Tensor) -> None:
         """``passes`` passes with no host sync, each ``record`` in ``log`` (written by the pass, or
         copied after it); the first one sees a control that is not frozen and a previous pass that
         stops nothing."""
         self._block_state.copy_(self._go)
-        self._passes.begin()
+        for run in self._replayed_passes():
+            run.begin()
+        self._order: list[ReplayedPass] = []  # the kind of each pass of the block, for ``_read_passes``
         for i in range(passes):
-            self._passes()
+            run = self._next_pass()
+            run()
+            self._order.append(run)
             if self.recording is None:
                 self.log[i].copy_(record)
 

@@ -633,8 +633,7 @@ class BoundsEngine(ReplayedEngine):
             shared = self.assign_pass
             self.dense_search.move_acc = shared.move_acc
             self.dense_search.move_sums, self.dense_search.move_counts = shared.move_sums, shared.move_counts
-        self._dense_left = self.dense_after[0]
-        self._order: list[ReplayedPass] = []  # which pass ran each call of the block, for ``read``
+        self._dense_left = 0  # dense passes still to run: set by the first pass and by relocations
         self.c = centroids.to(torch.float32).contiguous().clone()
         self.c_old = torch.empty_like(self.c)
         self.sums = torch.empty(k, d, dtype=torch.float32, device=device)
@@ -774,31 +773,15 @@ class BoundsEngine(ReplayedEngine):
     def _settle_passes_run(self, passes: int) -> None:
         """``passes`` settle passes without a host sync, each record into ``log`` (the first ones
         after a start or a relocation over every row, see ``__init__``)."""
-        self._block_state.copy_(self._go)
-        self._passes.begin()
-        if self._dense_passes is not None:
-            self._dense_passes.begin()
-        self._order = []
-        for _ in range(passes):
-            run = self._passes
-            if self._dense_left > 0 and self._dense_passes is not None:
-                self._dense_left -= 1
-                run = self._dense_passes
-            run()
-            self._order.append(run)
-            if self.recording is None:
-                self.log[len(self._order) - 1].copy_(self.record)
+        self._run_passes(passes, self.record)
         # Later settle passes run in blocks (``run_block``), where asked for.
         self.block = self.block_size
 
-    def _read_passes(self, rows: int) -> None:
-        if getattr(self, "_dense_passes", None) is None or self._passes._single is not None:
-            super()._read_passes(rows)
-            return
-        # The two kinds of pass in the order they ran.
-        reads = {id(run): [iter(v) for v in run.read(len(run.kinds))] for run in self._replayed_passes()}
-        merged = [[next(parts[i]) for run in self._order[:rows] for parts in [reads[id(run)]]] for i in range(3)]
-        self.pass_kinds, self.pass_seconds, self.pass_host_seconds = merged
+    def _next_pass(self) -> ReplayedPass:
+        if self._dense_left > 0 and self._dense_passes is not None:
+            self._dense_left -= 1
+            return self._dense_passes
+        return self._passes
 
     def _replayed_passes(self) -> list[ReplayedPass]:
         return [self._passes] + ([self._dense_passes] if getattr(self, "_dense_passes", None) is not None else [])
