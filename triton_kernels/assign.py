@@ -2931,9 +2931,9 @@ class AssignPass:
             main["ONE_TILE"] = (os.environ.get("TORCHKM_ONE_TILE") != "0" and self.k <= cfg["BLOCK_K"] and not searched
                                 and not cfg["EAGER"] and not cfg["SWAP"] and not lazy_bits and main["KEYS"] != 2
                                 and not (self.precision == "fast" and d < cfg["BLOCK_D"]))
-            # Where measured: rows of at most 32 features, no row list (the bounds engine's passes).
-            measured = lazy_bits and rows is None and cfg["BLOCK_D"] <= 32
-            cap = lazy_register_cap(self.check, x.dtype) if measured else None
+            # Where measured: rows of at most 32 features (over a row list: ``lazy_register_cap``).
+            measured = lazy_bits and cfg["BLOCK_D"] <= 32
+            cap = lazy_register_cap(self.check, x.dtype, row_list=rows is not None, n=n) if measured else None
             if cap:
                 main["maxnreg"] = cap
             if searched:

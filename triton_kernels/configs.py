@@ -42,9 +42,13 @@ __all__ = ["FEW_ROWS", "assign_config", "atomic_replicas", "candidate_chunks", "
            "update_config"]
 
 
-def _override(precision: str) -> dict | None:
-    # The exact mode's re-search (tf32x3) has its own override.
-    spec = os.environ.get("TORCHKM_RECHECK_CONFIG" if precision == "tf32x3" else "TORCHKM_ASSIGN_CONFIG")
+def _override(precision: str, row_list: bool = False) -> dict | None:
+    # The exact mode's re-search (tf32x3) has its own override, and the search over a row list may
+    # (``TORCHKM_LIST_CONFIG``: the bounds engine's settle passes alone).
+    if precision == "tf32x3":
+        spec = os.environ.get("TORCHKM_RECHECK_CONFIG")
+    else:
+        spec = (row_list and os.environ.get("TORCHKM_LIST_CONFIG")) or os.environ.get("TORCHKM_ASSIGN_CONFIG")
     if not spec:
         return None
     bn, bk, bd, warps, stages, *flags = (int(v) for v in spec.split(","))
@@ -72,7 +76,7 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
     ``transposed=False``: never the transposed search. ``row_list``: the pass searches lists of rows
     (the bounds engine). ``split``: bf16 centroids as hi + lo parts (two products per tile).
     """
-    override = _override(precision)
+    override = _override(precision, row_list)
     if override is not None:
         return override
     d_pad = max(16, triton.next_power_of_2(d))
@@ -323,10 +327,10 @@ def candidate_chunks(k: int) -> tuple[int, int]:
     return chunk, triton.cdiv(k, chunk)
 
 
-def lazy_register_cap(exact: bool, dtype: torch.dtype) -> int | None:
+def lazy_register_cap(exact: bool, dtype: torch.dtype, row_list: bool = False, n: int = 0) -> int | None:
     """Registers a thread (ptxas' ``maxnreg``) of the lazy search with packed keys (``assign._tile``,
-    ``LAZY_BITS``), or None: uncapped. ``AssignPass`` caps only where this was measured: rows of at
-    most 32 features, no row list. That loop is bound by latency with four programs an SM (ncu,
+    ``LAZY_BITS``), or None: uncapped. ``AssignPass`` caps it over rows of at most 32 features.
+    Without a row list that loop is bound by latency with four programs an SM (ncu,
     245,760 x 32, k = 1,024, 2026-11-28: no eligible warp in 41 % of cycles, occupancy limited by
     registers); capped, more programs share an SM, and ptxas' spills stay outside the loop (sm_90
     SASS, Triton 3.6). Exact over fp32 rows: 105-107 -> 80 registers, six programs an SM instead
@@ -337,11 +341,25 @@ def lazy_register_cap(exact: bool, dtype: torch.dtype) -> int | None:
     -> 2.613 / 2.605, fast bf16 1.333 / 1.336 -> 1.265 / 1.261. The exact search over 16-bit rows
     did not move at 80 (0.177 both ways), 96 or 88, so it stays uncapped; 72 and 96 (exact, fast)
     were no faster. ``TORCHKM_ASSIGN_MAXNREG=EXACT,FAST`` sets both caps (0: uncapped;
-    experiments)."""
-    spec = os.environ.get("TORCHKM_ASSIGN_MAXNREG")
+    experiments).
+
+    ``row_list``: the search over a list of the ``n`` rows (the bounds engine's settle passes, the
+    exact mode over 128-row tiles). Uncapped it took 255 registers (two programs an SM); capped at
+    168 (three) or 128 (four). H100, 245,760 x 32 x 1,024, the search alone over sorted random
+    lists of 100 / 60 / 30 / 10 / 3 % of the rows, ms (scripts/diag_rowlist.py, 2026-12-06):
+    uncapped 0.238 / 0.154 / 0.096 / 0.044 / 0.039, 168 0.202 / 0.125 / 0.082 / 0.050 / 0.042, 128
+    0.196 / 0.134 / 0.089 / 0.053 / 0.042 (96 and 80 slower; the dense pass's 64-row tiles over a
+    list no better). A fit's GPU time (seed 000 group B, two draws): 168 level at 245,760 rows and
+    sigma^2 = 0.0125 (short lists), 5 % less at 0.05, 7-10 % at 3.9M rows; 128 3-4 % more at 245,760
+    rows and 0.0125, 9-14 % less at 3.9M (benchmarks/results/2026-12-06_h100_s25_call2_*). So 168
+    below 2^20 rows, 128 from there (only those two sizes measured); exact over fp32 rows only, the
+    one case measured. ``TORCHKM_LIST_MAXNREG=EXACT,FAST`` sets these caps (experiments)."""
+    spec = os.environ.get("TORCHKM_LIST_MAXNREG" if row_list else "TORCHKM_ASSIGN_MAXNREG")
     if spec:
         caps = [int(v) for v in spec.split(",")]
         return (caps[0] if exact else caps[-1]) or None
+    if row_list:
+        return (168 if n < 1 << 20 else 128) if exact and dtype == torch.float32 else None
     if not exact:
         return 128
     return 80 if dtype == torch.float32 else None

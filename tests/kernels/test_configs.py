@@ -6,6 +6,7 @@ import pytest
 import torch
 from torchkm._kernels.configs import (
     CANDIDATE_CHUNKS,
+    assign_config,
     atomic_replicas,
     candidate_chunks,
     candidate_exact_config,
@@ -61,7 +62,6 @@ def test_short_rows_take_lazy_narrow_tiles_and_two_warps_over_few_centroids(k, d
     multiple of the tile."""
     import torch
     from torchkm._kernels.assign import _one_chunk
-    from torchkm._kernels.configs import assign_config
 
     dt = getattr(torch, dtype)
     cfg = assign_config(245_760, k, d, dt, precision)
@@ -88,6 +88,34 @@ def test_lazy_register_cap(monkeypatch):
     assert lazy_register_cap(False, torch.float32) == 128 == lazy_register_cap(False, torch.bfloat16)
     monkeypatch.setenv("TORCHKM_ASSIGN_MAXNREG", "96,0")
     assert lazy_register_cap(True, torch.bfloat16) == 96 and lazy_register_cap(False, torch.float32) is None
+
+
+def test_lazy_register_cap_over_row_lists(monkeypatch):
+    """The row-list search's caps: exact over fp32 rows only, three programs an SM below 2^20 rows
+    and four from there; its own switch, apart from the dense search's."""
+    monkeypatch.delenv("TORCHKM_LIST_MAXNREG", raising=False)
+    monkeypatch.setenv("TORCHKM_ASSIGN_MAXNREG", "96,0")
+    assert lazy_register_cap(True, torch.float32, row_list=True, n=245_760) == 168
+    assert lazy_register_cap(True, torch.float32, row_list=True, n=1 << 20) == 128
+    assert lazy_register_cap(True, torch.bfloat16, row_list=True, n=10) is None
+    assert lazy_register_cap(False, torch.float32, row_list=True, n=10) is None
+    monkeypatch.setenv("TORCHKM_LIST_MAXNREG", "0")
+    assert lazy_register_cap(True, torch.float32, row_list=True, n=10) is None
+    monkeypatch.setenv("TORCHKM_LIST_MAXNREG", "144,96")
+    assert lazy_register_cap(False, torch.float32, row_list=True, n=10) == 96
+
+
+def test_row_lists_take_their_own_tiles_where_set(monkeypatch):
+    """``TORCHKM_LIST_CONFIG`` sets the row-list search's tiles alone; ``TORCHKM_ASSIGN_CONFIG`` all."""
+    monkeypatch.delenv("TORCHKM_ASSIGN_CONFIG", raising=False)
+    monkeypatch.setenv("TORCHKM_LIST_CONFIG", "64,32,32,4,3")
+    dense = assign_config(245_760, 1024, 32, torch.float32, "exact", transposed=False)
+    listed = assign_config(245_760, 1024, 32, torch.float32, "exact", transposed=False, row_list=True)
+    assert (listed["BLOCK_N"], listed["num_stages"]) == (64, 3) and dense == listed
+    monkeypatch.setenv("TORCHKM_LIST_CONFIG", "32,32,32,2,2")
+    listed = assign_config(245_760, 1024, 32, torch.float32, "exact", transposed=False, row_list=True)
+    assert (listed["BLOCK_N"], listed["num_warps"]) == (32, 2)
+    assert assign_config(245_760, 1024, 32, torch.float32, "exact", transposed=False) == dense
 
 
 def test_atomic_replicas(monkeypatch):
