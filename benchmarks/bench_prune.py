@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--decompose", action="store_true", help="seed 000 Table I: GPU time by component")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--no-flash", action="store_true")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="the rows' dtype (seed 000's data is made in float32, then cast)")
     parser.add_argument("--cold", action="store_true",
                         help="every fit sets its engines up afresh (TORCHKM_REUSE_ENGINES=0), as a first fit of its rows "
                              "does; by default the timed fits restart the engines the untimed first fit kept")
@@ -181,7 +183,7 @@ def main() -> None:
     info = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"), "seed": seed,
-        "repeats": args.repeats, "engines_reused": not args.cold,
+        "repeats": args.repeats, "engines_reused": not args.cold, "dtype": args.dtype,
     }
     try:
         import flash_kmeans
@@ -193,11 +195,12 @@ def main() -> None:
     print(json.dumps(info))
     rows = []
     for name, make, k, s2 in workloads(args, seed):
-        x = make()
+        x = make().to(getattr(torch, args.dtype))
         n, d = x.shape
         g = torch.Generator(device="cuda").manual_seed(seed + 1)
         c0 = x[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
-        floor = max(2 * n * k * d / (ceil["tf32_TFLOPs"] * 1e12), n * d * 4 / (ceil["copy_TBps"] * 1e12)) * 1e3
+        rate = ceil["tf32_TFLOPs"] if x.dtype == torch.float32 else ceil["bf16_TFLOPs"]
+        floor = max(2 * n * k * d / (rate * 1e12), n * d * x.element_size() / (ceil["copy_TBps"] * 1e12)) * 1e3
         # The same tol for every algorithm, as ``fit`` would set it by default; its pass over the rows
         # (a few chunked float64 reductions and a host sync) is timed apart, not inside each fit (until
         # 2026-12-04 it was inside: the same time added to every algorithm's fit).

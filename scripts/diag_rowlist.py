@@ -2,7 +2,7 @@
 bounds engine's, with lower bounds, from centroids a few Lloyd iterations on) timed over all rows, over a list of all rows, and over lists of
 a share of the rows (contiguous, sorted random, shuffled), in nanoseconds per searched row.
 
-    python scripts/diag_rowlist.py [--n 3932160] [--k 1024] [--share 0.12]
+    python scripts/diag_rowlist.py [--n 3932160] [--k 1024] [--share 0.12] [--dtype bfloat16]
 
 ``--shares S...``: instead, lists of each share of the rows (sorted random, as the settle pass
 appends them tile by tile) with the search as the bounds engine runs it (rows moving between the
@@ -37,15 +37,16 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10, help="Lloyd iterations from random rows")
     parser.add_argument("--configs", nargs="*", default=[], help="TORCHKM_ASSIGN_CONFIG strings to try as well")
     parser.add_argument("--shares", nargs="*", type=float, default=[], help="list shares to time (see above)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="the rows' dtype")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     n, k, d = args.n, args.k, 32
-    x = seed000_data(n, d, k, args.sigma2, 1234)
+    x = seed000_data(n, d, k, args.sigma2, 1234).to(getattr(torch, args.dtype))
     g = torch.Generator(device="cuda").manual_seed(1235)
     c = x[torch.randperm(n, device="cuda", generator=g)[:k]].clone()
     if args.iterations:  # centroids a few Lloyd iterations on, as the bounds engine sees them
         c = torchkm.fit(x, k, init=c, max_iter=args.iterations, tol=0.0).centroids.float().contiguous()
-    norms = x.norm(dim=1)
+    norms = x.float().norm(dim=1)
     labels = torch.zeros(n, dtype=torch.int32, device="cuda")
     sq = torch.empty(n, device="cuda")
     lower = torch.empty(n, device="cuda")
@@ -115,7 +116,7 @@ def shares(x, c, norms, labels, sq, lower, args, g) -> None:
         print(f"{name:>24} | " + " | ".join(f"{v:7.4f}" for v in row.values()), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"n": n, "d": d, "k": k, "sigma2": args.sigma2, "iterations": args.iterations,
+            json.dump({"n": n, "d": d, "k": k, "dtype": str(x.dtype), "sigma2": args.sigma2, "iterations": args.iterations,
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "table": table}, f, indent=1)
 
 

@@ -83,6 +83,24 @@ def test_pruned_over_33_to_64_clusters_of_32_features(kernels, k, dtype):
     assert got.inertia == pytest.approx(ref.inertia, rel=1e-4)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="many clusters over many rows: too slow under the interpreter")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_pruned_over_many_clusters_of_half_precision_rows(dtype):
+    """The bounds engine over more than 512 clusters of short rows (the lazy packed search, its list
+    search register-capped, ``configs.lazy_register_cap``) in each dtype. The fit lands where the
+    dense one does (16-bit rows tie often: a few rows may part the two), its first step exactly."""
+    k = 523
+    x = _seed000(49_152, 32, k, 0.02, 7).to(dtype)
+    kw = {"init": "random", "random_state": 7, "max_iter": 30, "tol": 0.0}
+    ref = torchkm.fit(x, k, **kw)
+    got = torchkm.fit(x, k, algorithm="pruned", **kw)
+    assert {h.kernel for h in got.history} == {"pruned"}
+    assert got.history[0].labels_changed == ref.history[0].labels_changed
+    assert float((got.labels != ref.labels).double().mean()) < 1e-3
+    assert got.inertia == pytest.approx(ref.inertia, rel=1e-4)
+    assert max(h.skipped for h in got.history[1:]) > 0.3
+
+
 @pytest.mark.parametrize("algorithm", ["pruned", "triangle"])
 def test_pruned_with_weights_cosine_and_far_from_origin(kernels, algorithm):
     x = _seed000(300, 17, 10, 0.02, 5) + 50.0  # centred inside, so the distances stay accurate

@@ -352,14 +352,21 @@ def lazy_register_cap(exact: bool, dtype: torch.dtype, row_list: bool = False, n
     list no better). A fit's GPU time (seed 000 group B, two draws): 168 level at 245,760 rows and
     sigma^2 = 0.0125 (short lists), 5 % less at 0.05, 7-10 % at 3.9M rows; 128 3-4 % more at 245,760
     rows and 0.0125, 9-14 % less at 3.9M (benchmarks/results/2026-12-06_h100_s25_call2_*). So 168
-    below 2^20 rows, 128 from there (only those two sizes measured); exact over fp32 rows only, the
-    one case measured. ``TORCHKM_LIST_MAXNREG=EXACT,FAST`` sets these caps (experiments)."""
+    below 2^20 rows, 128 from there over fp32 rows (only those two sizes measured). Over bf16 rows
+    168 at every size: a fit's GPU time, same sizes and draw, uncapped -> 168: 4.18 -> 4.21 /
+    6.98 -> 6.57 ms at 245,760 rows (sigma^2 0.0125 / 0.05), 68.6 -> 63.6 / 129.0 -> 113.0 at 3.9M;
+    the dense pass's 64-row tiles over the lists (which searched lists faster alone, and then run
+    no dense passes) 4.24 / 6.56 / 67.6 / 120.0 (s25 call 5; 128 not tried over bf16 rows). The
+    fast mode (not the bounds engine's) stays uncapped. ``TORCHKM_LIST_MAXNREG=EXACT,FAST`` sets
+    these caps (experiments)."""
     spec = os.environ.get("TORCHKM_LIST_MAXNREG" if row_list else "TORCHKM_ASSIGN_MAXNREG")
     if spec:
         caps = [int(v) for v in spec.split(",")]
         return (caps[0] if exact else caps[-1]) or None
     if row_list:
-        return (168 if n < 1 << 20 else 128) if exact and dtype == torch.float32 else None
+        if not exact:
+            return None
+        return 168 if n < 1 << 20 or dtype != torch.float32 else 128
     if not exact:
         return 128
     return 80 if dtype == torch.float32 else None

@@ -91,13 +91,14 @@ def test_lazy_register_cap(monkeypatch):
 
 
 def test_lazy_register_cap_over_row_lists(monkeypatch):
-    """The row-list search's caps: exact over fp32 rows only, three programs an SM below 2^20 rows
-    and four from there; its own switch, apart from the dense search's."""
+    """The row-list search's caps (the exact mode): over fp32 rows three programs an SM below 2^20
+    rows and four from there, over 16-bit rows three; its own switch, apart from the dense search's."""
     monkeypatch.delenv("TORCHKM_LIST_MAXNREG", raising=False)
     monkeypatch.setenv("TORCHKM_ASSIGN_MAXNREG", "96,0")
     assert lazy_register_cap(True, torch.float32, row_list=True, n=245_760) == 168
     assert lazy_register_cap(True, torch.float32, row_list=True, n=1 << 20) == 128
-    assert lazy_register_cap(True, torch.bfloat16, row_list=True, n=10) is None
+    assert lazy_register_cap(True, torch.bfloat16, row_list=True, n=10) == 168
+    assert lazy_register_cap(True, torch.float16, row_list=True, n=1 << 22) == 168
     assert lazy_register_cap(False, torch.float32, row_list=True, n=10) is None
     monkeypatch.setenv("TORCHKM_LIST_MAXNREG", "0")
     assert lazy_register_cap(True, torch.float32, row_list=True, n=10) is None
