@@ -442,7 +442,10 @@ def dense_settle_passes() -> tuple[int, int]:
     with the same labels and iterations (29, 62, 101, 103). Passes counted by ncu in one such fit
     (245,760 rows, sigma^2 0.05, with 3,1): a dense pass 211 us, the list passes right after it
     265-297 us, 60-70 a few passes later. (Whole fits' wall times at 245,760 rows moved by more
-    than these differences from process to process.)
+    than these differences from process to process.) With the list search register-capped
+    (``lazy_register_cap``, later that day) its list of every row costs about the dense search, and
+    5,2 still gave the shortest fits: 128 registers, seed 2416, 5,2 / 2,1 / 0,0: 3.69 / 3.76 / 3.86,
+    5.53 / 5.68 / 5.74, 98.5 / 100.5 / 100.6, 91.8 / 93.2 / 93.5 ms.
     """
     spec = os.environ.get("TORCHKM_DENSE_PASSES")
     if spec:
