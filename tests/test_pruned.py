@@ -143,8 +143,8 @@ def _dense_passes_cost_nothing(monkeypatch, patience: int) -> None:
     monkeypatch.setattr(_loop._Hybrid, "plateau", 2.0)
     real_after = _loop._Hybrid.after
 
-    def after(self, stats, how, seconds, host_seconds):
-        switch = real_after(self, stats, how, seconds, host_seconds)
+    def after(self, stats, how, seconds, host_seconds, launch_seconds=None):
+        switch = real_after(self, stats, how, seconds, host_seconds, launch_seconds)
         if self.dense_seconds is not None:
             self.dense_seconds = 0.0
         return switch
@@ -414,11 +414,11 @@ def test_hybrid_stops_judging_where_no_trial_can_start():
         assert _pass(hybrid, "replay", 0.1, "lloyd", wall=wall) is None
 
 
-def _dense(hybrid, iteration, shift, seconds=None, how="replay", host=None):
+def _dense(hybrid, iteration, shift, seconds=None, how="replay", host=None, launch=None):
     from torchkm import _loop
 
     stats = _loop.IterationStats(iteration, 0.0, shift, 1, 0, 0.001, "lloyd")
-    return hybrid.after(stats, how, seconds, host)
+    return hybrid.after(stats, how, seconds, host, launch)
 
 
 def test_hybrid_projects_the_fits_remaining_iterations():
@@ -502,6 +502,42 @@ def test_hybrid_starts_the_box_trial_once_the_projected_passes_pay_back_its_set_
     assert _dense(bounds, bounds.window, 2.0 ** (1 - bounds.window)) == "pruned" and bounds.trying
     assert bounds.setup_seconds() == 0.0 and asked == [4096]
     assert bounds.budget == pytest.approx((bounds.spent + 0.8) * bounds.trial_share)
+
+
+def test_hybrid_judges_dense_passes_by_their_launches_and_a_kept_engines_trial_by_its_unreplayed_passes():
+    """A pass is device-bound where it outlasts its launches, not a capture's whole host time (which
+    also builds the graph): H100, bf16 at 3.9M x 32, k = 1,024, a 2.5 ms pass against a 3.56 ms
+    capture had kept the fit dense. A bounds engine kept from an earlier fit replays most of a
+    trial (``trial_passes``, set by ``lloyd``): its estimate is that many host-bound passes."""
+    from torchkm import _loop
+    from torchkm._reference import DataView
+
+    def started(launch, trial_passes=None):
+        hybrid = _loop._Hybrid(DataView(torch.zeros(4096, 64), torch.float32), 1024, tol=2.0**-30, max_iter=300)
+        hybrid.done = False
+        if trial_passes is not None:
+            hybrid.trial_passes = trial_passes
+        _dense(hybrid, 1, 1.0, how="initial")
+        _dense(hybrid, 2, 0.5, 2.5, how="capture", host=3.5, launch=launch)
+        for i in range(3, hybrid.window + 1):
+            verdict = _dense(hybrid, i, 2.0 ** (1 - i), 2.5)
+            if verdict is not None or hybrid.done:
+                return hybrid, i, verdict
+        return hybrid, None, None
+
+    # Judged by the capture's host time, the passes are host-bound: no early start, and the fit
+    # (8 ms of wall time spent) leaves no room for a trial of 3 x 3.5 s.
+    hybrid, at, verdict = started(launch=None)
+    assert not hybrid._device_bound() and hybrid.done and verdict is None
+    assert hybrid.trial_cost == pytest.approx(10.5)
+    # By its launches (2.3 s) a 2.5 s pass is device-bound: the early start weighs the 8 passes
+    # projected (20 s) against payback x the trial; 3 host-bound passes (10.5 s) do not pay back yet ...
+    hybrid, at, verdict = started(launch=2.3)
+    assert hybrid._device_bound() and hybrid.launch_costs == [2.3] and hybrid.host_costs == [3.5]
+    assert verdict is None and not hybrid.trying
+    # ... one (a kept engine's trial) does, at the window's end.
+    hybrid, at, verdict = started(launch=2.3, trial_passes=1)
+    assert verdict == "pruned" and at == hybrid.window and hybrid.trial_cost == pytest.approx(3.5)
 
 
 def test_group_bounds_engine_through_the_api_equals_dense(kernels, monkeypatch):

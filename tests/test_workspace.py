@@ -111,6 +111,30 @@ def test_the_hybrid_still_tries_pruned_passes_from_a_kept_dense_engine(kernels, 
     _alike(got, torchkm.fit(x, 16, algorithm="lloyd", **kw))
 
 
+def test_a_kept_bounds_engine_makes_the_hybrids_trial_estimate_its_unreplayed_passes(kernels, monkeypatch):
+    from torchkm import _loop
+
+    monkeypatch.setattr(_loop._Hybrid, "min_work", 0)
+    monkeypatch.setattr(_loop._Hybrid, "trial_share", float("inf"))
+    monkeypatch.setattr(_loop._Hybrid, "patience", 10**9)
+    monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)
+    x = _blobs(640, 17, 16)
+    kw = {"init": x[:16].clone(), "tol": 0.0}
+    hybrids = []
+    init = _loop._Hybrid.__init__
+    monkeypatch.setattr(_loop._Hybrid, "__init__", lambda self, *a, **k: hybrids.append(self) or init(self, *a, **k))
+    kernels_run = [h.kernel for h in torchkm.fit(x, 16, algorithm="auto", **kw).history]
+    assert kernels_run.count("pruned") >= 3  # the full pass and two settle passes at least
+    assert hybrids[-1].trial_passes == 3  # a new bounds engine
+    (trial,) = [e for e in _engines() if e.kernel == "pruned"]
+    left = trial.unreplayed_passes()
+    # With CUDA graphs the first trial compiled its full pass and captured its settle passes (or
+    # called them once): the next trial captures the full pass and at most the settle pass.
+    assert left in ((1, 2) if _loop._ops.cuda_graphs_enabled(x.device) else (3,))
+    torchkm.fit(x, 16, algorithm="auto", **kw)
+    assert hybrids[-1].trial_passes == max(1, left)
+
+
 def test_engines_that_cannot_restart_are_not_kept(kernels):
     # The box engine (d <= 3) sorts the rows and takes the caller's labels when it is built: a fit
     # builds its own, and only the label buffer is kept.

@@ -263,36 +263,37 @@ class _Hybrid:
     The dense engine starts, as for ``"lloyd"``. Its iterations after the first are timed on the
     device (CUDA events around each graph replay or eager iteration) until a block has given a time;
     the fastest is the dense reference. Trying the bounds engine costs a few host-bound passes: its
-    full pass (which records the bounds), its first settle pass and the capture of one. Each costs
-    the host about what the dense engine's own eager and captured iterations cost it, measured in
-    the first block. The trial starts once the fit has spent ``1 / trial_share`` times that
-    estimate, so that a failed trial costs at most about ``trial_share`` of the fit. Each pruned
-    pass after the full pass and the first settle pass (which search every row or most of them) is
-    then timed and judged the same way: it counts against pruning when it took longer than
-    the reference while its skipped fraction had stopped rising (early passes settle few rows and
-    get better quickly). After ``patience`` such passes in a row, or once the judged passes together
-    have cost more than the dense reference by ``trial_share`` of the time spent before the trial
-    (rising or not: settling in too slowly does not pay either), the dense engine, kept from the
-    start, takes the run back. It may try once more (``trials``), once the fit has run
-    ``retry_after`` times as long as when the failed trial ended: bounds taken later, from centroids
-    that move less, settle more rows, and the time spent then gives the new trial a budget in
-    proportion (H200, 3.9M x 32, k = 1024, sigma^2 = 0.05, 2026-11-29: a trial started after 8
-    dense iterations ended after 6 pruned passes in three runs out of three, and the fits took
-    1.02x dense Lloyd's time where ``"pruned"`` took 0.47x). The trials share one budget: a
-    later trial's is ``trial_share`` of the time spent (and projected) less what the failed ones
-    cost beyond dense passes: every pass of theirs in wall time, the unjudged full and first
-    settle passes too (at 3.9M x 32, k = 1024, sigma^2 = 0.2, counting judged passes only let two
-    failed trials cost 5.3-5.7 % of the fit; H200, 2026-11-29). After the last trial the
-    decision is final. ``patience`` is long because the bounds engine's skipped fraction is noisy
-    from pass to pass while centroids still move (a large move loosens many bounds at once): at 3.9M
-    x 32, k = 1024, sigma^2 = 0.05 (H200, bench_prune's data seed 85711) the trial's passes 3-7
-    skipped 0.00, 0.20, 0.21, 0.20 and 0.10 of the rows, each slower than a dense pass, and the next
-    two 0.75 and 0.79 in 0.34-0.38x its time; with a patience of 3 that trial ended there and the
-    fit took 1.00x dense Lloyd's time where ``"pruned"`` took 0.47x. A failing trial still ends on
-    its budget. Problems too small for the choice to matter (``min_work``) and data no pruned engine
-    serves (4 to 8 features) stay dense; so do fits whose passes are host-bound once, after
-    ``window`` iterations, the fit is projected to end before the ``trial_share`` rule could start a
-    trial (judging then only costs time).
+    full pass (which records the bounds), its first settle pass and the capture of one (a bounds
+    engine kept from an earlier fit of the same rows replays those it captured then: its trial
+    counts the others, at least one). Each costs the host about what the dense engine's own eager
+    and captured iterations cost it, measured in the first block. The trial starts once the fit has
+    spent ``1 / trial_share`` times that estimate, so that a failed trial costs at most about
+    ``trial_share`` of the fit. Each pruned pass after the full pass and the first settle pass
+    (which search every row or most of them) is then timed and judged the same way: it counts
+    against pruning when it took longer than the reference while its skipped fraction had stopped
+    rising (early passes settle few rows and get better quickly). After ``patience`` such passes in
+    a row, or once the judged passes together have cost more than the dense reference by
+    ``trial_share`` of the time spent before the trial (rising or not: settling in too slowly does
+    not pay either), the dense engine, kept from the start, takes the run back. It may try once more
+    (``trials``), once the fit has run ``retry_after`` times as long as when the failed trial ended:
+    bounds taken later, from centroids that move less, settle more rows, and the time spent then
+    gives the new trial a budget in proportion (H200, 3.9M x 32, k = 1024, sigma^2 = 0.05,
+    2026-11-29: a trial started after 8 dense iterations ended after 6 pruned passes in three runs
+    out of three, and the fits took 1.02x dense Lloyd's time where ``"pruned"`` took 0.47x). The
+    trials share one budget: a later trial's is ``trial_share`` of the time spent (and projected)
+    less what the failed ones cost beyond dense passes: every pass of theirs in wall time, the
+    unjudged full and first settle passes too (at 3.9M x 32, k = 1024, sigma^2 = 0.2, counting
+    judged passes only let two failed trials cost 5.3-5.7 % of the fit; H200, 2026-11-29). After the
+    last trial the decision is final. ``patience`` is long because the bounds engine's skipped
+    fraction is noisy from pass to pass while centroids still move (a large move loosens many bounds
+    at once): at 3.9M x 32, k = 1024, sigma^2 = 0.05 (H200, bench_prune's data seed 85711) the
+    trial's passes 3-7 skipped 0.00, 0.20, 0.21, 0.20 and 0.10 of the rows, each slower than a dense
+    pass, and the next two 0.75 and 0.79 in 0.34-0.38x its time; with a patience of 3 that trial
+    ended there and the fit took 1.00x dense Lloyd's time where ``"pruned"`` took 0.47x. A failing
+    trial still ends on its budget. Problems too small for the choice to matter (``min_work``) and
+    data no pruned engine serves (4 to 8 features) stay dense; so do fits whose passes are
+    host-bound once, after ``window`` iterations, the fit is projected to end before the
+    ``trial_share`` rule could start a trial (judging then only costs time).
 
     At d <= 3 the trial runs the box engine (``torchkm._kernels.boxes``), judged the same way. Its
     cost is mostly a once-per-fit set-up (a sort of the rows: about 7 dense passes at 100M x 2,
@@ -312,7 +313,9 @@ class _Hybrid:
     trial_block = 4  # a trial's blocks (and the dense blocks while one is near): hand-over within 4 passes
     plateau = 0.02  # a rise of the skipped fraction below this is no longer the bounds settling in
     trial_share = 0.05
-    trial_passes = 3  # the trial's host-bound passes: the full pass, the first settle pass, the capture
+    # The trial's host-bound passes: the full pass, the first settle pass, the capture of the next
+    # (fewer for a bounds engine kept from an earlier fit, whose passes replay: ``lloyd`` sets it).
+    trial_passes = 3
     # n * k * d below which the hybrid does not run: there a fit is a few milliseconds, no trial
     # pays, and timing the dense engine costs the fit about 0.35 ms (1M x 2, k = 32, 6.3e7: 4-9 %
     # of 4-7 ms fits on an H200, 2026-11-27; 2^24 before). 2^27 before 2026-11-29: at 245,760 x
@@ -351,8 +354,9 @@ class _Hybrid:
         self.elapsed = 0.0  # seconds of every iteration so far, dense or pruned
         self.retry_at = 0.0  # ``elapsed`` from which a failed trial may be tried again
         # Host seconds of the dense engine's eager and captured passes (a kept engine's: from the
-        # fit that made it; see ``lloyd``).
+        # fit that made it; see ``lloyd``), and of their launches alone.
         self.host_costs: list[float] = []
+        self.launch_costs: list[float] = []
 
     @property
     def trial_cost(self) -> float | None:
@@ -367,9 +371,13 @@ class _Hybrid:
         return min(block, self.trial_block) if shorten else block
 
     def _device_bound(self) -> bool:
-        """Whether a dense pass outlasts the host's work per iteration (there extra syncs are free)."""
-        return self.dense_seconds is not None and bool(self.host_costs) and \
-            self.dense_seconds >= sum(self.host_costs) / len(self.host_costs)
+        """Whether a dense pass outlasts the host's work per iteration (there extra syncs are free):
+        the launches of an eager pass, which a capture records before it builds its graph. (A
+        capture's whole host time had judged bf16 passes at 3.9M x 32, k = 1,024 host-bound on a
+        slower host: 2.50 ms passes against a 3.56 ms capture, whose launches take about two
+        thirds of it; H100, 2026-12-06.)"""
+        costs = self.launch_costs or self.host_costs
+        return self.dense_seconds is not None and bool(costs) and self.dense_seconds >= sum(costs) / len(costs)
 
     def setup_seconds(self) -> float:
         """Estimated seconds of the pruned engine's set-up: the box engine's sort of the rows
@@ -395,10 +403,12 @@ class _Hybrid:
         return float(min(left, iteration, _decay_steps(self._shifts[-self.window:], self.tol),
                          _decay_steps(self._changed[-self.window:], 0.5)))
 
-    def after(self, stats: IterationStats, how: str, seconds: float | None, host_seconds: float | None) -> str | None:
-        """Record an iteration (``how`` it ran, its ``seconds`` on the device and the ``host_seconds``
-        it cost the host, None where not measured); returns the engine to run from the next block on:
-        ``"pruned"`` to try the bounds engine, ``"lloyd"`` to go back to the dense one."""
+    def after(self, stats: IterationStats, how: str, seconds: float | None, host_seconds: float | None,
+              launch_seconds: float | None = None) -> str | None:
+        """Record an iteration (``how`` it ran, its ``seconds`` on the device, the ``host_seconds``
+        it cost the host and the ``launch_seconds`` of those spent issuing its launches, None where
+        not measured); returns the engine to run from the next block on: ``"pruned"`` to try the
+        bounds engine, ``"lloyd"`` to go back to the dense one."""
         if self.done:
             return None
         self.elapsed += stats.seconds
@@ -413,6 +423,7 @@ class _Hybrid:
                 self.dense_seconds = seconds if self.dense_seconds is None else min(self.dense_seconds, seconds)
             if how in ("eager", "capture") and host_seconds is not None:
                 self.host_costs.append(host_seconds)
+                self.launch_costs.append(host_seconds if launch_seconds is None else launch_seconds)
             cost = self.trial_cost
             if self.dense_seconds is None or cost is None or self.elapsed < self.retry_at:
                 return None
@@ -583,6 +594,12 @@ def lloyd(
             # A kept dense engine only replays: the trial's estimate takes the host costs of the
             # eager and captured passes it ran before (none for a new engine: measured as it runs).
             hybrid.host_costs = engine.setup_host_seconds
+            hybrid.launch_costs = engine.setup_launch_seconds
+            # A bounds engine kept from an earlier fit replays most of a trial's passes (its full
+            # pass too, from its third fit); the estimate keeps at least one host-bound pass.
+            trial_engine = engines.get(("pruned", min(_GRAPH_BLOCK, _Hybrid.trial_block) if graphs else 1))
+            if trial_engine is not None and hasattr(trial_engine, "unreplayed_passes"):
+                hybrid.trial_passes = max(1, trial_engine.unreplayed_passes())
         # The dense engine's first iteration is the first of a block (no eager iteration of its own
         # and no host sync after it): previous labels of -1 count every row as changed, as a first
         # iteration does. The hybrid too: that first call compiles and is not timed, as the eager
@@ -605,7 +622,8 @@ def lloyd(
                 rows = engine.read(block)
             # Pruned engines describe their passes; the hybrid reads how each pass ran and its time.
             infos = getattr(engine, "infos", None) or [getattr(engine, "info", None)] * len(rows)
-            timings = list(zip(engine.pass_kinds, engine.pass_seconds, engine.pass_host_seconds)) if timed else []
+            timings = list(zip(engine.pass_kinds, engine.pass_seconds, engine.pass_host_seconds,
+                               engine.pass_launch_seconds)) if timed else []
         else:
             infos, timings = [None], []
             step, new_c, device_stats = _iterate(data, c, prev_labels, sample_weight, comm, deterministic)

@@ -67,9 +67,14 @@ class ReplayedPass:
         self.calls = 0
         self._marks: list = []
         self.host_seconds: list[float] = []  # host time of each call since ``begin``
+        # Of that, the time spent issuing the pass's launches (a capture records them, then builds
+        # its graph): what an eager pass keeps the host busy for while the device runs it.
+        self.launch_seconds: list[float | None] = []
         # Host time of the last eager or capturing calls (not the first, which compiles): what a
-        # replay saves, which a kept engine's next run (only replays) can no longer measure.
+        # replay saves, which a kept engine's next run (only replays) can no longer measure; and
+        # of their launches alone.
         self.setup_host_seconds: collections.deque[float] = collections.deque(maxlen=16)
+        self.setup_launch_seconds: collections.deque[float] = collections.deque(maxlen=16)
         self.kinds: list[str] = []  # how each call since ``begin`` ran
         self._single: str | None = None
         # Timing events, reused block after block (the call at position i of a block records pair
@@ -82,15 +87,15 @@ class ReplayedPass:
     def begin(self, single: str | None = None) -> None:
         """Start a block of calls; ``single``: instead, the engine runs one pass of its own, of that
         kind, outside (untimed)."""
-        self._marks, self.host_seconds, self.kinds, self._single = [], [], [], single
+        self._marks, self.host_seconds, self.launch_seconds, self.kinds, self._single = [], [], [], [], single
         self._stream = None
 
-    def read(self, rows: int) -> tuple[list[str], list[float | None], list[float | None]]:
-        """How each of the first ``rows`` calls since ``begin`` ran, its time (``seconds``) and its
-        host time; call after a host sync."""
+    def read(self, rows: int) -> tuple[list[str], list[float | None], list[float | None], list[float | None]]:
+        """How each of the first ``rows`` calls since ``begin`` ran, its time (``seconds``), its
+        host time and the part of that spent issuing its launches; call after a host sync."""
         if self._single is not None:
-            return [self._single], [None], [None]
-        return self.kinds[:rows], self.seconds()[:rows], list(self.host_seconds[:rows])
+            return [self._single], [None], [None], [None]
+        return self.kinds[:rows], self.seconds()[:rows], list(self.host_seconds[:rows]), list(self.launch_seconds[:rows])
 
     def _timed(self, run: Callable[[], None]):
         if not self.timed:
@@ -114,12 +119,19 @@ class ReplayedPass:
     def __call__(self) -> str:
         started = time.perf_counter()
         mark = None
+        launched: float | None = None
         if self.graph is not None:
             mark = self._timed(self.graph.replay)
             how = "replay"
         elif self.use_graphs and (self.calls >= 1 or (self.warm_key is not None and self.warm_key in self._warm_keys)):
+            def recorded() -> None:
+                nonlocal launched
+                begun = time.perf_counter()
+                self.run()
+                launched = time.perf_counter() - begun
+
             try:
-                graph = capture(self.run, self.device)
+                graph = capture(recorded, self.device)
             except RuntimeError as err:  # capture unsupported here: stay eager
                 logger.debug("CUDA graph capture failed (%s); running passes eagerly", err)
                 self.use_graphs = False
@@ -141,8 +153,11 @@ class ReplayedPass:
         self.kinds.append(how)
         self._marks.append(mark)
         self.host_seconds.append(time.perf_counter() - started)
+        self.launch_seconds.append(None if how == "first" else launched if how == "capture" else self.host_seconds[-1])
         if how in ("eager", "capture"):
             self.setup_host_seconds.append(self.host_seconds[-1])
+            launch = self.launch_seconds[-1]
+            self.setup_launch_seconds.append(self.host_seconds[-1] if launch is None else launch)
         return how
 
     def seconds(self) -> list[float | None]:
@@ -153,7 +168,8 @@ class ReplayedPass:
 class ReplayedEngine:
     """What the engines that run their passes through a ``ReplayedPass`` (``_passes``) share: how
     each pass of the last ``read`` ran (``pass_kinds``), its time on the device and on the host
-    (``pass_seconds``, ``pass_host_seconds``: see ``ReplayedPass``), and whether passes are timed."""
+    (``pass_seconds``, ``pass_host_seconds``, ``pass_launch_seconds``: see ``ReplayedPass``), and
+    whether passes are timed."""
 
     _passes: ReplayedPass
     c: torch.Tensor
@@ -166,6 +182,7 @@ class ReplayedEngine:
     pass_kinds: list[str]
     pass_seconds: list[float | None]
     pass_host_seconds: list[float | None]
+    pass_launch_seconds: list[float | None]
 
     @property
     def timed(self) -> bool:
@@ -215,6 +232,11 @@ class ReplayedEngine:
         """Host seconds of the last (up to 16) eager or capturing passes the engine ran (``ReplayedPass``)."""
         return list(self._passes.setup_host_seconds)
 
+    @property
+    def setup_launch_seconds(self) -> list[float]:
+        """Of ``setup_host_seconds``, the host seconds spent issuing each pass's launches."""
+        return list(self._passes.setup_launch_seconds)
+
     # Whether ``relocate`` serves the engine (its ``x``, ``labels``, ``sums``, ``counts`` in the
     # caller's row order, its centroids moved by ``finish_update``).
     relocates_on_device = False
@@ -262,11 +284,11 @@ class ReplayedEngine:
         the order they ran (``ReplayedPass.read`` of each kind)."""
         order = getattr(self, "_order", [])
         if self._passes._single is not None or all(run is self._passes for run in order[:rows]):
-            self.pass_kinds, self.pass_seconds, self.pass_host_seconds = self._passes.read(rows)
+            self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = self._passes.read(rows)
             return
         reads = {id(run): [iter(v) for v in run.read(len(run.kinds))] for run in self._replayed_passes()}
-        self.pass_kinds, self.pass_seconds, self.pass_host_seconds = (
-            [next(reads[id(run)][i]) for run in order[:rows]] for i in range(3))
+        self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = (
+            [next(reads[id(run)][i]) for run in order[:rows]] for i in range(4))
 
     def _next_pass(self) -> ReplayedPass:
         """The kind of pass a block runs next (one kind here)."""

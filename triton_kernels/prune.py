@@ -682,6 +682,20 @@ class BoundsEngine(ReplayedEngine):
         self.block = 1
         self.info, self.infos = None, []
 
+    def unreplayed_passes(self) -> int:
+        """How many passes of a run handed over to this engine (its full pass with previous labels,
+        then settle passes) would cost the host their launches, eagerly or captured, rather than a
+        replay: 3 for a new engine (the full pass, the first settle pass, the capture of the next),
+        fewer for one kept from an earlier fit (``torchkm._loop._Hybrid.trial_cost``)."""
+
+        def unreplayed(run: ReplayedPass, eager_calls: int) -> int:
+            if run.graph is not None:
+                return 0
+            warm = run.warm_key is not None and run.warm_key in ReplayedPass._warm_keys
+            return 1 if run.use_graphs and (run.calls >= 1 or warm) else eager_calls
+
+        return unreplayed(self._full_passes[True], 1) + unreplayed(self._passes, 2)
+
     def iterate(self, has_prev: bool) -> None:
         """One pass: the engine's first searches every row (a dense pass that records the bounds),
         later ones are settle passes."""

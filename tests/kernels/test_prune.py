@@ -312,8 +312,30 @@ def test_bounds_engine_reads_both_kinds_of_pass_in_the_order_they_ran(monkeypatc
     assert engine.pass_kinds == ["first", "eager", "first", "eager"]
     assert [s is None for s in engine.pass_seconds] == [True, False, True, False]
     assert len(engine.pass_host_seconds) == 4
+    # An eager pass's launches are its host time; a first call's (it compiles) are not counted.
+    assert engine.pass_launch_seconds == [None, engine.pass_host_seconds[1], None, engine.pass_host_seconds[3]]
     engine.timed = False
     assert not any(run.timed for run in engine._replayed_passes())
+
+
+def test_bounds_engine_counts_the_passes_a_handed_over_run_would_not_replay():
+    """The hybrid's trial estimate (``unreplayed_passes``): a new engine's full pass, first settle
+    pass and capture; a pass kind called once before with graphs costs its capture; a captured
+    one nothing."""
+    n, d, k = 301, 17, 20
+    x, c = _clustered(n, d, k, seed=6, sigma=0.05)
+    engine = BoundsEngine(x, c, torch.empty(n, dtype=torch.int32, device=DEVICE), offset=None, row_scale=None,
+                          raw_norms=None, sample_weight=None, normalize=False, tol=-1.0, block=4)
+    assert engine.unreplayed_passes() == 3
+    full, settle = engine._full_passes[True], engine._passes
+    full.use_graphs = settle.use_graphs = True  # (as on CUDA)
+    full.calls = settle.calls = 1
+    assert engine.unreplayed_passes() == 2
+    full.graph = object()
+    assert engine.unreplayed_passes() == 1
+    settle.graph = object()
+    assert engine.unreplayed_passes() == 0
+    full.graph = settle.graph = None  # (no graph to replay on the CPU)
 
 
 @pytest.mark.parametrize("top_m", [0, 16])
