@@ -76,8 +76,9 @@ class KMeans(nn.Module):
             spent 20 times what the trial costs (where dense passes outlast their host work, as
             soon as the passes the fit is projected to still run cost twice the trial, at d <= 3
             the box engine's set-up included, at d > 8 from the 8th iteration), keeping it while
-            its passes measure faster than dense ones on this device (it may judge passes host-bound and
-            stay dense where ``"pruned"`` is faster: bf16 rows at 3.9M x 32, k = 1,024 on an H100, README).
+            its passes measure faster than dense ones on this device (a dense pass counts as
+            device-bound where it outlasts its launches; short fits stay dense, e.g. 8 ms ones at
+            245,760 x 32, k = 1,024, where ``"pruned"`` is 1.2-1.4x faster: README).
             ``"lloyd"``: every iteration assigns every row
             with the fused dense pass. ``"pruned"``: rows keep a lower bound on their distance to the other centroids
             (from the exact pass's second-best candidate, lowered by how far centroids move); a row
