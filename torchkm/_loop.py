@@ -376,7 +376,7 @@ class _Hybrid:
         capture's whole host time had judged bf16 passes at 3.9M x 32, k = 1,024 host-bound on a
         slower host: 2.50 ms passes against a 3.56 ms capture, whose launches take about two
         thirds of it; H100, 2026-12-06.)"""
-        costs = self.launch_costs or self.host_costs
+        costs = self.launch_costs
         return self.dense_seconds is not None and bool(costs) and self.dense_seconds >= sum(costs) / len(costs)
 
     def setup_seconds(self) -> float:
@@ -570,10 +570,13 @@ def lloyd(
             data.n_samples, dtype=torch.int32, device=data.device)
         engines: dict[Any, Any] = workspace.engines if workspace is not None else {}
 
-        def make_engine(kind: str, start: torch.Tensor):
+        def engine_block(kind: str) -> int:
             # The hybrid reads its trial in short blocks: it hands over within a block of the verdict.
             block = _GRAPH_BLOCK if kind == "lloyd" or not timed else min(_GRAPH_BLOCK, _Hybrid.trial_block)
-            block = block if graphs else 1
+            return block if graphs else 1
+
+        def make_engine(kind: str, start: torch.Tensor):
+            block = engine_block(kind)
             engine = engines.get((kind, block))
             if engine is not None:  # an earlier fit's, or the hybrid's dense engine taking the run back
                 engine.restart(start, data.offset)
@@ -597,7 +600,7 @@ def lloyd(
             hybrid.launch_costs = engine.setup_launch_seconds
             # A bounds engine kept from an earlier fit replays most of a trial's passes (its full
             # pass too, from its third fit); the estimate keeps at least one host-bound pass.
-            trial_engine = engines.get(("pruned", min(_GRAPH_BLOCK, _Hybrid.trial_block) if graphs else 1))
+            trial_engine = engines.get(("pruned", engine_block("pruned")))
             if trial_engine is not None and hasattr(trial_engine, "unreplayed_passes"):
                 hybrid.trial_passes = max(1, trial_engine.unreplayed_passes())
         # The dense engine's first iteration is the first of a block (no eager iteration of its own

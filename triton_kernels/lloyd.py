@@ -157,7 +157,8 @@ class ReplayedPass:
         if how in ("eager", "capture"):
             self.setup_host_seconds.append(self.host_seconds[-1])
             launch = self.launch_seconds[-1]
-            self.setup_launch_seconds.append(self.host_seconds[-1] if launch is None else launch)
+            assert launch is not None  # (a capture records its launches)
+            self.setup_launch_seconds.append(launch)
         return how
 
     def seconds(self) -> list[float | None]:
