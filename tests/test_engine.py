@@ -199,6 +199,62 @@ def test_blocks_of_iterations_stop_where_single_iterations_do(monkeypatch, case)
     assert blocks.converged == one.converged
 
 
+@pytest.mark.parametrize("case", ["strict", "tol", "max_iter", "empty"])
+@pytest.mark.parametrize("algorithm", ["lloyd", "pruned", "box"])
+def test_blocks_launched_ahead_of_their_read_give_the_fit_of_blocks_read_in_turn(monkeypatch, algorithm, case):
+    """``_loop.lloyd`` launches a block before it reads the one before (``_pipelined``): a block
+    behind one that stops (convergence, max_iter, an empty cluster mid-block or at its end) does
+    nothing and is dropped unread. Each engine (dense, bounds, box) fits as with one block at a time."""
+    from torchkm._kernels.lloyd import ReplayedEngine
+
+    from torchkm import _loop
+
+    d = {"lloyd": 5, "pruned": 17, "box": 2}[algorithm]
+    rng = np.random.default_rng(7)
+    x = torch.from_numpy(blobs(rng, 300, d, 4, sigma=3.0, offset=3.0)).to(DEVICE)  # a few blocks long
+    kw = {"random_state": 3, "init": "random", "max_iter": 20, "tol": 0.0,
+          "algorithm": "lloyd" if algorithm == "lloyd" else "pruned"}
+    k = 4
+    if case == "tol":
+        kw["tol"] = 1e-3
+    if case == "max_iter":
+        kw["max_iter"] = 5  # (the block behind the second is one iteration)
+    if case == "empty":
+        init = x[:3].repeat(2, 1)[:5]
+        kw = {**kw, "init": init, "random_state": None}
+        k = 5
+    monkeypatch.setenv("TORCHKM_ENGINE", "triton")
+    monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
+    monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k, comm: True)
+    monkeypatch.setattr(_loop, "_GRAPH_BLOCK", 2)
+    follows = []
+    real = ReplayedEngine._run_passes
+
+    def run_passes(self, passes, record, follow=False):
+        follows.append(follow)
+        return real(self, passes, record, follow)
+
+    monkeypatch.setattr(ReplayedEngine, "_run_passes", run_passes)
+    monkeypatch.setenv("TORCHKM_PIPELINE", "0")
+    in_turn = torchkm.fit(x, k, **kw)
+    assert not any(follows)
+    monkeypatch.setenv("TORCHKM_PIPELINE", "1")
+    ahead = torchkm.fit(x, k, **kw)
+    assert any(follows)
+    assert ahead.n_iter == in_turn.n_iter
+    assert [(h.labels_changed, h.empty_clusters, h.kernel) for h in ahead.history] == [
+        (h.labels_changed, h.empty_clusters, h.kernel) for h in in_turn.history]
+    if case == "empty":
+        assert any(h.empty_clusters for h in in_turn.history)
+    if case == "max_iter":
+        assert ahead.n_iter == 5
+    assert torch.equal(ahead.labels, in_turn.labels)
+    torch.testing.assert_close(ahead.centroids, in_turn.centroids, rtol=0, atol=0)
+    # (An fp32 sum of per-program parts, whose order may vary on a GPU.)
+    assert ahead.inertia == pytest.approx(in_turn.inertia, rel=1e-6)
+    assert ahead.converged == in_turn.converged
+
+
 def test_fit_launches_kernels_without_the_wrap_triton_dispatch(monkeypatch):
     """The fit loop is never traced: its kernels skip wrap_triton's higher-order-op dispatch (host
     time per launch), which stays on everywhere else (torch.compile traces the ops through it)."""

@@ -784,11 +784,13 @@ class BoxEngine(ReplayedEngine):
         self._passes.begin(single="initial")
         self._pass(False, in_block=False)
         self.log[0].copy_(self.record)
+        self._queue_single()
 
-    def run_block(self, iterations: int) -> None:
+    def run_block(self, iterations: int, follow: bool = False) -> None:
         """Up to ``iterations`` (<= ``block_size``) passes with no host sync: a pass after one that
-        met a stopping rule, or left a cluster empty, does nothing."""
-        self._run_passes(iterations, self.record)
+        met a stopping rule, or left a cluster empty, does nothing. ``follow``: as
+        ``LloydEngine.run_block``'s."""
+        self._run_passes(iterations, self.record, follow)
 
     def centroids_changed(self) -> None:
         """The centroids changed outside the passes (empty-cluster relocation): nothing is kept
@@ -797,8 +799,7 @@ class BoxEngine(ReplayedEngine):
     def read(self, rows: int) -> list[list[float]]:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
         ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
-        values = self.log[:rows].tolist()
-        self._read_passes(rows)
+        values = self._read_log(rows)
         n, k = self.x_sorted.shape[0], self.c.shape[0]
         self.infos = []
         for row in values:

@@ -536,8 +536,7 @@ class GroupBoundsEngine(BoundsEngine):
         """Nothing to do: each pass takes the groups' moves from ``c_old`` to ``c`` as it starts."""
 
     def read(self, rows: int) -> list[list[float]]:
-        values = self.log[:rows].tolist()
-        self._read_passes(rows)
+        values = self._read_log(rows)
         n, k = self.x.shape[0], self.c.shape[0]
         per_group = k / self.n_groups
         self.infos = []

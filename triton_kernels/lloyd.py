@@ -90,12 +90,20 @@ class ReplayedPass:
         self._marks, self.host_seconds, self.launch_seconds, self.kinds, self._single = [], [], [], [], single
         self._stream = None
 
-    def read(self, rows: int) -> tuple[list[str], list[float | None], list[float | None], list[float | None]]:
-        """How each of the first ``rows`` calls since ``begin`` ran, its time (``seconds``), its
-        host time and the part of that spent issuing its launches; call after a host sync."""
-        if self._single is not None:
-            return [self._single], [None], [None], [None]
-        return self.kinds[:rows], self.seconds()[:rows], list(self.host_seconds[:rows]), list(self.launch_seconds[:rows])
+    def since_begin(self) -> tuple:
+        """The calls since ``begin``, as ``read`` takes them: kept by an engine that queues a block
+        behind this one (``begin`` starts new lists, so these stay as they are)."""
+        return self._single, self.kinds, self._marks, self.host_seconds, self.launch_seconds
+
+    def read(self, rows: int, calls: tuple | None = None,
+             ) -> tuple[list[str], list[float | None], list[float | None], list[float | None]]:
+        """How each of the first ``rows`` calls since ``begin`` (or of ``calls``) ran, its time
+        (``seconds``), its host time and the part of that spent issuing its launches; call after a
+        host sync."""
+        single, kinds, marks, host_seconds, launch_seconds = self.since_begin() if calls is None else calls
+        if single is not None:
+            return [single], [None], [None], [None]
+        return kinds[:rows], self.seconds(marks)[:rows], list(host_seconds[:rows]), list(launch_seconds[:rows])
 
     def _timed(self, run: Callable[[], None]):
         if not self.timed:
@@ -161,9 +169,11 @@ class ReplayedPass:
             self.setup_launch_seconds.append(launch)
         return how
 
-    def seconds(self) -> list[float | None]:
-        """The time of each call since ``begin`` (see the class docstring); call after a host sync."""
-        return [m if m is None or isinstance(m, float) else m[0].elapsed_time(m[1]) * 1e-3 for m in self._marks]
+    def seconds(self, marks: list | None = None) -> list[float | None]:
+        """The time of each call since ``begin`` (see the class docstring; or of ``marks``, from
+        ``since_begin``); call after a host sync."""
+        marks = self._marks if marks is None else marks
+        return [m if m is None or isinstance(m, float) else m[0].elapsed_time(m[1]) * 1e-3 for m in marks]
 
 
 class ReplayedEngine:
@@ -211,12 +221,24 @@ class ReplayedEngine:
         ``_run_passes`` copies the record into ``log`` after each pass, and the pass must copy
         ``stats_prev`` itself."""
         self._passes = ReplayedPass(run, device, graphs, timed, warm_key)
-        self.log = torch.zeros(block, width, dtype=torch.float64, device=device)
+        # Two halves of ``block`` rows: a block's records are read from one while the block queued
+        # behind it (``run_block(follow=True)``) writes the other. A block's records are copied to
+        # pinned host memory behind it, so that reading them waits for that block alone.
+        self.log_rows = block
+        self.log = torch.zeros(2 * block, width, dtype=torch.float64, device=device)
+        self._host_log = (torch.zeros(2 * block, width, dtype=torch.float64, pin_memory=True)
+                          if device.type == "cuda" else None)
+        self._log_events = [torch.cuda.Event() for _ in range(2)] if device.type == "cuda" else None
+        self._queued: collections.deque = collections.deque()  # (first row, calls, event) of each unread block
+        self._half = 0  # the half of ``log`` the next block writes
         self._block_state = torch.zeros(6, dtype=torch.float64, device=device)
         self.control = self._block_state[:2].view(torch.int32)
         self.stats_prev = self._block_state[2:]
-        go_control = torch.tensor([0, 1, 0, 0], dtype=torch.int32).view(torch.float64)
-        self._go = torch.cat([go_control, torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64)]).to(device)
+        # The block state at the start of a block writing each half: log row 0 or ``block``.
+        go = [torch.cat([torch.tensor([0, 1, half * block, 0], dtype=torch.int32).view(torch.float64),
+                         torch.tensor([0.0, float("inf"), 1.0, 0.0], dtype=torch.float64)]) for half in (0, 1)]
+        self._go = torch.stack(go).to(device)
+        self._go_rows = self._go[:, :2].view(torch.int32)[:, 2:3]
         self.recording = (self.log, self.stats_prev) if recorded else None
         self._read_passes(0)
 
@@ -227,6 +249,7 @@ class ReplayedEngine:
         self.c.copy_(centroids)
         if offset is not None:
             self.inputs["offset"].copy_(offset)
+        self.discard_queued()
 
     @property
     def setup_host_seconds(self) -> list[float]:
@@ -280,14 +303,19 @@ class ReplayedEngine:
                       **self._relocation_outputs())
         return stats[1]
 
-    def _read_passes(self, rows: int) -> None:
-        """How each of the first ``rows`` passes since the last block began ran, and its times, in
-        the order they ran (``ReplayedPass.read`` of each kind)."""
-        order = getattr(self, "_order", [])
-        if self._passes._single is not None or all(run is self._passes for run in order[:rows]):
-            self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = self._passes.read(rows)
+    def _read_passes(self, rows: int, calls: tuple | None = None) -> None:
+        """How each of the first ``rows`` passes of a block ran, and its times, in the order they
+        ran (``ReplayedPass.read`` of each kind); ``calls``: the block's (``_queue``), else the last one's."""
+        order, runs = calls if calls is not None else (getattr(self, "_order", []), None)
+
+        def read(run: ReplayedPass, rows: int):
+            return run.read(rows, None if runs is None else runs[id(run)])
+
+        if (runs or {}).get(id(self._passes), self._passes.since_begin())[0] is not None or all(
+                run is self._passes for run in order[:rows]):
+            self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = read(self._passes, rows)
             return
-        reads = {id(run): [iter(v) for v in run.read(len(run.kinds))] for run in self._replayed_passes()}
+        reads = {id(run): [iter(v) for v in read(run, rows)] for run in self._replayed_passes()}
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = (
             [next(reads[id(run)][i]) for run in order[:rows]] for i in range(4))
 
@@ -295,20 +323,80 @@ class ReplayedEngine:
         """The kind of pass a block runs next (one kind here)."""
         return self._passes
 
-    def _run_passes(self, passes: int, record: torch.Tensor) -> None:
+    def _run_passes(self, passes: int, record: torch.Tensor, follow: bool = False) -> None:
         """``passes`` passes with no host sync, each ``record`` in ``log`` (written by the pass, or
-        copied after it); the first one sees a control that is not frozen and a previous pass that
-        stops nothing."""
-        self._block_state.copy_(self._go)
+        copied after it), queued for ``read``; the first one sees a control that is not frozen and a
+        previous pass that stops nothing, or with ``follow`` the state the last block left (frozen
+        if it stopped, its last pass's statistics): see ``run_block``."""
+        if passes > self.log_rows:
+            raise ValueError(f"a block of {passes} passes: at most {self.log_rows} (the engine's block)")
+        half = self._half
+        if follow:
+            if self.timed:  # (the timing events of a block are reused by the next one)
+                raise ValueError("a block queued behind another is not timed: set timed = False")
+            if self.recording is None:
+                raise ValueError("only passes that record themselves follow a block (one process)")
+            self.control[2:3].copy_(self._go_rows[half])
+        else:
+            self._block_state.copy_(self._go[half])
         for run in self._replayed_passes():
             run.begin()
         self._order: list[ReplayedPass] = []  # the kind of each pass of the block, for ``_read_passes``
+        base = half * self.log_rows
         for i in range(passes):
             run = self._next_pass()
             run()
             self._order.append(run)
             if self.recording is None:
-                self.log[i].copy_(record)
+                self.log[base + i].copy_(record)
+        self._queue(half, passes)
+
+    def _queue(self, half: int, rows: int) -> None:
+        """Queue the records of the block just launched (``rows`` from the start of ``half``) for
+        ``read``; the next block writes the other half."""
+        if len(self._queued) > 1:
+            raise RuntimeError("at most two blocks are queued (the log has two halves): read one first")
+        base = half * self.log_rows
+        event = None
+        if self._host_log is not None:
+            self._host_log[base:base + rows].copy_(self.log[base:base + rows], non_blocking=True)
+            event = self._log_events[half]
+            event.record()
+        calls = (self._order, {id(run): run.since_begin() for run in self._replayed_passes()})
+        self._queued.append((base, calls, event))
+        self._half = 1 - half
+
+    def _queue_single(self) -> None:
+        """Queue the record of a pass run outside a block, in ``log[0]`` (``iterate``)."""
+        if self._queued:
+            raise RuntimeError("a pass outside a block runs with no block queued: read or discard them first")
+        self._order = [self._passes]
+        self._queue(0, 1)
+
+    def _read_log(self, rows: int) -> list[list[float]]:
+        """The records of the first ``rows`` passes of the oldest unread block (waiting for that
+        block alone), and how its passes ran (``pass_kinds`` ...)."""
+        if not self._queued:
+            raise RuntimeError("no block to read: run_block or iterate first")
+        base, calls, event = self._queued.popleft()
+        if event is None:
+            values = self.log[base:base + rows].tolist()
+        else:
+            event.synchronize()
+            values = self._host_log[base:base + rows].tolist()
+        self._read_passes(rows, calls)
+        return values
+
+    def discard_queued(self) -> None:
+        """Forget the blocks not read (a block queued behind one that stopped: all its passes were
+        frozen); the next block is the first of its own."""
+        self._queued.clear()
+        self._half = 0
+
+    @property
+    def queued_blocks(self) -> int:
+        """Blocks launched and not yet read."""
+        return len(self._queued)
 
 
 class LloydEngine(ReplayedEngine):
@@ -439,16 +527,17 @@ class LloydEngine(ReplayedEngine):
             self._rebase = False
         self._iteration(False, in_block=False)
         self.log[0].copy_(self.stats)
+        self._queue_single()
 
-    def run_block(self, iterations: int) -> None:
+    def run_block(self, iterations: int, follow: bool = False) -> None:
         """Up to ``iterations`` (<= block) iterations after the first, with no host sync: an
-        iteration after one that met a stopping rule, or left a cluster empty, does nothing."""
+        iteration after one that met a stopping rule, or left a cluster empty, does nothing.
+        ``follow``: the block continues the one launched before it, read or not (so a block can be
+        queued behind one the host has yet to read): frozen from its start where that one stopped."""
         self._take_base()
-        self._run_passes(iterations, self.stats)
+        self._run_passes(iterations, self.stats, follow)
 
     def read(self, rows: int) -> list[list[float]]:
-        """The statistics of the first ``rows`` iterations since the last ``iterate`` or
-        ``run_block`` (one host sync)."""
-        values = self.log[:rows].tolist()
-        self._read_passes(rows)
-        return values
+        """The statistics of the first ``rows`` iterations of the oldest block (or ``iterate``) not
+        yet read (waiting for that block alone)."""
+        return self._read_log(rows)

@@ -706,6 +706,7 @@ class BoundsEngine(ReplayedEngine):
             self._dense_left = 0 if has_prev else self.dense_after[0]
             self._passes.begin(single="full")
             self._full_passes[has_prev]()
+            self._queue_single()
             return
         self._settle_passes_run(1)
 
@@ -787,10 +788,10 @@ class BoundsEngine(ReplayedEngine):
             CHECK_STOP=True, **self.settle_cfg,
         )
 
-    def _settle_passes_run(self, passes: int) -> None:
+    def _settle_passes_run(self, passes: int, follow: bool = False) -> None:
         """``passes`` settle passes without a host sync, each record into ``log`` (the first ones
-        after a start or a relocation over every row, see ``__init__``)."""
-        self._run_passes(passes, self.record)
+        after a start or a relocation over every row, see ``__init__``); ``follow``: see ``run_block``."""
+        self._run_passes(passes, self.record, follow)
         # Later settle passes run in blocks (``run_block``), where asked for.
         self.block = self.block_size
 
@@ -808,10 +809,11 @@ class BoundsEngine(ReplayedEngine):
         self._dense_left = self.dense_after[1]
         return shift
 
-    def run_block(self, iterations: int) -> None:
+    def run_block(self, iterations: int, follow: bool = False) -> None:
         """Up to ``iterations`` (<= ``block_size``) settle passes with one host sync (at the ``read``):
-        a pass after one that met a stopping rule, or left a cluster empty, does nothing."""
-        self._settle_passes_run(iterations)
+        a pass after one that met a stopping rule, or left a cluster empty, does nothing.
+        ``follow``: as ``LloydEngine.run_block``'s."""
+        self._settle_passes_run(iterations, follow)
 
     def _finish(self, control: torch.Tensor | None, acc_sums: torch.Tensor, acc_counts: torch.Tensor,
                 p: AssignPass | None = None) -> None:
@@ -847,8 +849,7 @@ class BoundsEngine(ReplayedEngine):
     def read(self, rows: int) -> list[list[float]]:
         """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
         ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
-        values = self.log[:rows].tolist()
-        self._read_passes(rows)
+        values = self._read_log(rows)
         n, k = self.x.shape[0], self.c.shape[0]
         block = self.assign_pass.cfg["BLOCK_N"]
         self.infos = []
