@@ -5,7 +5,9 @@ assignment pass with its sums, the exact mode's re-search, and ``finish_update``
 to the means in place, statistics written). Small problems run blocks of iterations with one host
 synchronisation: each iteration of a block checks the previous one's statistics on the device and
 does nothing once a stopping rule has fired, so the state the host finds after a block is that of
-the iteration that stopped. With CUDA graphs, one iteration is captured and replayed (``ReplayedPass``).
+the iteration that stopped. A block may be launched behind one the host has not read yet
+(``run_block(follow=True)``): it starts from the state that one leaves, so it is frozen from its
+first pass where that one stopped. With CUDA graphs, one iteration is captured and replayed (``ReplayedPass``).
 A data-parallel fit all-reduces the pass's accumulators between the pass and ``finish_update``.
 """
 
