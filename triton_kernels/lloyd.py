@@ -363,7 +363,8 @@ class ReplayedEngine:
         if self._host_log is not None:
             self._host_log[base:base + rows].copy_(self.log[base:base + rows], non_blocking=True)
             event = self._log_events[half]
-            event.record()
+            # (On the log's device: the current device may be another.)
+            event.record(torch.cuda.current_stream(self.log.device))
         calls = (self._order, {id(run): run.since_begin() for run in self._replayed_passes()})
         self._queued.append((base, calls, event))
         self._half = 1 - half
