@@ -797,8 +797,8 @@ class BoxEngine(ReplayedEngine):
         from one pass to the next but the labels, so nothing to do."""
 
     def read(self, rows: int) -> list[list[float]]:
-        """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
-        ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
+        """The statistics of the first ``rows`` passes of the oldest block (or ``iterate``) not yet
+        read (``LloydEngine.read``); their ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
         values = self._read_log(rows)
         n, k = self.x_sorted.shape[0], self.c.shape[0]
         self.infos = []

@@ -97,12 +97,10 @@ class ReplayedPass:
         behind this one (``begin`` starts new lists, so these stay as they are)."""
         return self._single, self.kinds, self._marks, self.host_seconds, self.launch_seconds
 
-    def read(self, rows: int, calls: tuple | None = None,
-             ) -> tuple[list[str], list[float | None], list[float | None], list[float | None]]:
-        """How each of the first ``rows`` calls since ``begin`` (or of ``calls``) ran, its time
-        (``seconds``), its host time and the part of that spent issuing its launches; call after a
-        host sync."""
-        single, kinds, marks, host_seconds, launch_seconds = self.since_begin() if calls is None else calls
+    def read(self, rows: int, calls: tuple) -> tuple[list[str], list[float | None], list[float | None], list[float | None]]:
+        """How each of the first ``rows`` of ``calls`` (``since_begin``) ran, its time (``seconds``),
+        its host time and the part of that spent issuing its launches; call after a host sync."""
+        single, kinds, marks, host_seconds, launch_seconds = calls
         if single is not None:
             return [single], [None], [None], [None]
         return kinds[:rows], self.seconds(marks)[:rows], list(host_seconds[:rows]), list(launch_seconds[:rows])
@@ -171,10 +169,10 @@ class ReplayedPass:
             self.setup_launch_seconds.append(launch)
         return how
 
-    def seconds(self, marks: list | None = None) -> list[float | None]:
-        """The time of each call since ``begin`` (see the class docstring; or of ``marks``, from
-        ``since_begin``); call after a host sync."""
-        marks = self._marks if marks is None else marks
+    @staticmethod
+    def seconds(marks: list) -> list[float | None]:
+        """The time of each call of ``marks`` (``since_begin``; see the class docstring); call after
+        a host sync."""
         return [m if m is None or isinstance(m, float) else m[0].elapsed_time(m[1]) * 1e-3 for m in marks]
 
 
@@ -242,7 +240,7 @@ class ReplayedEngine:
         self._go = torch.stack(go).to(device)
         self._go_rows = self._go[:, :2].view(torch.int32)[:, 2:3]
         self.recording = (self.log, self.stats_prev) if recorded else None
-        self._read_passes(0)
+        self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = [], [], [], []
 
     def _start_from(self, centroids: torch.Tensor, offset: torch.Tensor | None) -> None:
         """What a restart on the same rows copies in (the engines that can restart, ``restart``):
@@ -305,19 +303,15 @@ class ReplayedEngine:
                       **self._relocation_outputs())
         return stats[1]
 
-    def _read_passes(self, rows: int, calls: tuple | None = None) -> None:
+    def _read_passes(self, rows: int, calls: tuple) -> None:
         """How each of the first ``rows`` passes of a block ran, and its times, in the order they
-        ran (``ReplayedPass.read`` of each kind); ``calls``: the block's (``_queue``), else the last one's."""
-        order, runs = calls if calls is not None else (getattr(self, "_order", []), None)
-
-        def read(run: ReplayedPass, rows: int):
-            return run.read(rows, None if runs is None else runs[id(run)])
-
-        if (runs or {}).get(id(self._passes), self._passes.since_begin())[0] is not None or all(
-                run is self._passes for run in order[:rows]):
-            self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = read(self._passes, rows)
+        ran (``ReplayedPass.read`` of each kind, over the block's ``calls`` kept by ``_queue``)."""
+        order, runs = calls
+        if runs[id(self._passes)][0] is not None or all(run is self._passes for run in order[:rows]):
+            self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = self._passes.read(
+                rows, runs[id(self._passes)])
             return
-        reads = {id(run): [iter(v) for v in read(run, rows)] for run in self._replayed_passes()}
+        reads = {id(run): [iter(v) for v in run.read(rows, runs[id(run)])] for run in self._replayed_passes()}
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = (
             [next(reads[id(run)][i]) for run in order[:rows]] for i in range(4))
 
@@ -395,11 +389,6 @@ class ReplayedEngine:
         frozen); the next block is the first of its own."""
         self._queued.clear()
         self._half = 0
-
-    @property
-    def queued_blocks(self) -> int:
-        """Blocks launched and not yet read."""
-        return len(self._queued)
 
 
 class LloydEngine(ReplayedEngine):

@@ -847,8 +847,8 @@ class BoundsEngine(ReplayedEngine):
             self.moves.copy_(moves_reference(self.c, self.c_old, self.shift_margin))
 
     def read(self, rows: int) -> list[list[float]]:
-        """The statistics of the first ``rows`` passes since the last ``read`` (one host sync); their
-        ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
+        """The statistics of the first ``rows`` passes of the oldest block (or ``iterate``) not yet
+        read (``LloydEngine.read``); their ``PassInfo`` in ``infos`` (the last one also in ``info``)."""
         values = self._read_log(rows)
         n, k = self.x.shape[0], self.c.shape[0]
         block = self.assign_pass.cfg["BLOCK_N"]
