@@ -137,23 +137,26 @@ def test_precision_and_deterministic_arguments_are_checked():
 
 def test_relocation_ranks_rows_without_another_assignment_pass(monkeypatch):
     """A fit on the kernels that relocates empty clusters ranks the rows by their distance to the
-    centroid its pass gave them (``_ops.labelled_sq_distances``), not by another assignment pass
-    (which cost 2x a replayed iteration at 1M x 128 x 4096, H200, 2026-12-04); the clusters are
-    relocated as the torch engine's, onto rows farthest from their centroids."""
+    centroid its pass gave them (the dense engine's ``labelled_sq_distances`` launch), not by
+    another assignment pass (which cost 2x a replayed iteration at 1M x 128 x 4096, H200,
+    2026-12-04); the clusters are relocated as the torch engine's, onto rows farthest from their
+    centroids."""
+    from torchkm._kernels import lloyd
+
     from torchkm import _ops
 
     rng = np.random.default_rng(5)
     x = torch.from_numpy(blobs(rng, 300, 5, 4, offset=3.0)).to(DEVICE)
     init = x[:3].repeat(2, 1)[:5]  # duplicated centroids: two clusters empty at the first pass
     calls = {"assign": 0, "labelled_sq_distances": 0}
-    for name in calls:
-        inner = getattr(_ops, name)
+    for owner, name in ((_ops, "assign"), (lloyd, "labelled_sq_distances")):
+        inner = getattr(owner, name)
 
         def counted(*args, _inner=inner, _name=name, **kwargs):
             calls[_name] += 1
             return _inner(*args, **kwargs)
 
-        monkeypatch.setattr(_ops, name, counted)
+        monkeypatch.setattr(owner, name, counted)
     monkeypatch.setenv("TORCHKM_ENGINE", "triton")
     got = torchkm.fit(x, 5, init=init, max_iter=20, tol=0.0)
     monkeypatch.setenv("TORCHKM_ENGINE", "torch")

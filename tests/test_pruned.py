@@ -613,11 +613,12 @@ def test_a_fit_stopped_by_tol_labels_its_rows_by_the_final_centroids_in_one_more
 
 
 @pytest.mark.parametrize("algorithm", ["lloyd", "pruned"])
-@pytest.mark.parametrize("case", ["plain", "weighted", "cosine", "no nonzero_static"])
+@pytest.mark.parametrize("case", ["plain", "weighted", "cosine", "more than the kernels move"])
 def test_empty_clusters_relocated_on_the_device_as_by_torch_ops(kernels, monkeypatch, algorithm, case):
-    """The dense and bounds engines relocate empty clusters in a few launches with no host sync but
-    the shift's (``engine.relocate``): the same fit, pass for pass, as the torch relocation
-    (``_loop._relocate_empty`` and ``new_centroids``), which the other engines and several ranks keep."""
+    """The dense and bounds engines relocate empty clusters on the device with no host sync but the
+    shift's (``engine.relocate``, a replayed graph where graphs are on): the same fit, pass for pass,
+    as the torch relocation (``_loop._relocate_empty`` and ``new_centroids``), which the other
+    engines and several ranks keep."""
     from torchkm._kernels import lloyd, prune
 
     x = _seed000(600, 17, 12, 0.02, 9)
@@ -629,8 +630,11 @@ def test_empty_clusters_relocated_on_the_device_as_by_torch_ops(kernels, monkeyp
         kw["sample_weight"] = w
     if case == "cosine":
         x, kw["metric"] = x + 0.5, "cosine"
-    if case == "no nonzero_static":  # a torch without it finds the empty clusters with one sync
-        monkeypatch.delattr(torch, "nonzero_static")
+    if case == "more than the kernels move":  # torch.topk picks the rows (one host sync)
+        from torchkm._kernels import update
+
+        monkeypatch.setattr(lloyd, "RELOCATE_MAX", 1)
+        monkeypatch.setattr(update, "RELOCATE_MAX", 1)
     calls = []
     relocate = lloyd.ReplayedEngine.relocate
     monkeypatch.setattr(lloyd.ReplayedEngine, "relocate", lambda self, *a: calls.append(self.kernel) or relocate(self, *a))

@@ -164,7 +164,7 @@ def _relocate_empty(
     The moved rows leave their old clusters' sums, so the centroids stay means of their members.
     With several ranks the farthest rows of the whole data set are chosen, and every rank applies
     the same moves to the (all-reduced) sums. (On one process the dense and bounds engines do the
-    same on the device instead: ``_ops.relocate_empty``.)
+    same on the device instead: their ``relocate``.)
     """
     empty_ids = empty.nonzero().flatten()
     scores, far = _ops.farthest_rows(sq_distances, sample_weight, empty_ids.numel())
@@ -679,16 +679,17 @@ def lloyd(
             # Where the device froze the rest of a block (see LloydEngine): this row is the last valid one.
             block_ends = engine is not None and (n_empty > 0 or changed_f == 0 or shift_f <= engine.tol_device)
             if n_empty:
-                labels_now = engine.labels if labels is None else labels
-                if sq is None:
-                    # The bounds engine kept every row's distance to its centroid from the pass;
-                    # for the others each row's distance to the centroid the pass gave it.
-                    sq = getattr(engine, "sq_distances", None)
-                    sq = _ops.labelled_sq_distances(data, old_c, labels_now) if sq is None else sq
                 if getattr(engine, "relocates_on_device", False) and not comm.active:
-                    # The same moves in a few launches, its centroids updated in place (one sync: the shift).
-                    shift_f = float(_ops.relocate_empty(engine, sq, n_empty, sample_weight))
+                    # The same moves on the device (a replayed graph), its centroids updated in
+                    # place (one sync: the shift).
+                    shift_f = float(engine.relocate(n_empty))
                 else:
+                    labels_now = engine.labels if labels is None else labels
+                    if sq is None:
+                        # The groups engine kept every row's distance to its centroid from the
+                        # pass; for the others each row's distance to the centroid the pass gave it.
+                        sq = getattr(engine, "sq_distances", None)
+                        sq = _ops.labelled_sq_distances(data, old_c, labels_now) if sq is None else sq
                     _relocate_empty(data, labels_now, sq, sums, counts, counts <= 0, sample_weight, comm)
                     relocated = new_centroids(sums, counts, old_c, data.normalize)
                     shift_f = float(((relocated - old_c) ** 2).sum())

@@ -372,30 +372,19 @@ def labelled_sq_distances(data: DataView, centroids: torch.Tensor, labels: torch
 def farthest_rows(sq_distances: torch.Tensor, sample_weight: torch.Tensor | None,
                   count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scores, rows)``: the ``count`` rows farthest from their centroids by ``sq_distances``,
-    farthest first, which scikit-learn's rule moves into empty clusters. Rows of zero weight could
-    not fill a cluster: they score -1, below any other."""
+    farthest first and ties to the lower row (the kernels' order: ``update.farthest_keys_reference``),
+    which scikit-learn's rule moves into empty clusters. Rows of zero weight could not fill a
+    cluster: they score -1, below any other."""
     far_scores = sq_distances if sample_weight is None else torch.where(sample_weight > 0, sq_distances, -1.0)
-    scores, rows = torch.topk(far_scores, min(count, far_scores.numel()))
-    return scores, rows
-
-
-def relocate_empty(engine: Any, sq_distances: torch.Tensor, n_empty: int,
-                   sample_weight: torch.Tensor | None) -> torch.Tensor:
-    """Relocate a kernels engine's ``n_empty`` empty clusters (its last pass's) on the device, by
-    scikit-learn's rule as ``_loop._relocate_empty`` does (cluster by cluster in index order, onto
-    the ``farthest_rows``), and move its centroids to the new means (``engine.relocate``). Returns
-    the total squared move of the centroids from the update's start (float64, on the device): no
-    host sync until it is read.
-    For engines with ``relocates_on_device``, on one process."""
-    empty = engine.counts <= 0
-    # The host knows how many clusters are empty (the pass's statistics): no sync for their indices.
-    try:
-        clusters = torch.nonzero_static(empty, size=n_empty, fill_value=-1).flatten()
-    except (AttributeError, NotImplementedError):  # a torch without it (for this device): one sync
-        found = empty.nonzero().flatten()[:n_empty]
-        clusters = torch.cat([found, found.new_full((n_empty - found.numel(),), -1)])
-    _, rows = farthest_rows(sq_distances, sample_weight, n_empty)
-    return engine.relocate(rows, clusters[: rows.numel()])
+    count = min(count, far_scores.numel())
+    if count == 0:
+        return far_scores[:0], torch.zeros(0, dtype=torch.int64, device=far_scores.device)
+    # torch.topk orders equal scores its own way (per device): every row tied with the last one
+    # kept is taken, and a stable sort of those puts ties in row order.
+    last = torch.topk(far_scores, count).values[-1]
+    tied = (far_scores >= last).nonzero().flatten()
+    rows = tied[torch.sort(far_scores[tied], descending=True, stable=True).indices[:count]]
+    return far_scores[rows], rows
 
 
 def sq_distances_to(data: DataView, points: torch.Tensor) -> torch.Tensor:

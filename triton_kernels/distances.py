@@ -74,8 +74,9 @@ def labelled_sq_distances(
     *,
     offset: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(n,) float32 ``||(x_i - offset) * row_scale_i - centroids[labels_i]||^2``.
+    """(n,) float32 ``||(x_i - offset) * row_scale_i - centroids[labels_i]||^2`` (into ``out``, where given).
 
     ``labels`` int32 or int64, each in ``[0, k)`` (not checked: a wrong label reads out of bounds).
     """
@@ -85,7 +86,10 @@ def labelled_sq_distances(
         raise ValueError(f"expected labels ({x.shape[0]},), got {tuple(labels.shape)}")
     n, d = x.shape
     c = centroids.to(torch.float32).contiguous()
-    out = torch.empty(n, dtype=torch.float32, device=x.device)
+    if out is None:
+        out = torch.empty(n, dtype=torch.float32, device=x.device)
+    elif out.shape != (n,) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of shape ({n},)")
     if n == 0:
         return out
     block_d = min(128, max(16, triton.next_power_of_2(d)))

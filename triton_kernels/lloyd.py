@@ -14,6 +14,7 @@ A data-parallel fit all-reduces the pass's accumulators between the pass and ``f
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import time
@@ -22,12 +23,14 @@ from typing import ClassVar
 
 import numpy as np
 import torch
+import triton
 
 from ._common import capture, launch_key, onehot_max_k, warm_graphs
 from .assign import SMALL_D, AssignPass
 from .centroids import finish_update
 from .configs import dense_moves
-from .update import float64_sums, move_rows_to_clusters
+from .distances import labelled_sq_distances
+from .update import RELOCATE_MAX, float64_sums, relocate_to_farthest
 
 __all__ = ["LloydEngine", "ReplayedEngine", "ReplayedPass", "capture", "device_tol", "launch_key"]
 
@@ -240,6 +243,7 @@ class ReplayedEngine:
         self._go = torch.stack(go).to(device)
         self._go_rows = self._go[:, :2].view(torch.int32)[:, 2:3]
         self.recording = (self.log, self.stats_prev) if recorded else None
+        self._relocations: dict[int, ReplayedPass] = {}  # (``relocate``) by the moves it makes
         self.pass_kinds, self.pass_seconds, self.pass_host_seconds, self.pass_launch_seconds = [], [], [], []
 
     def _start_from(self, centroids: torch.Tensor, offset: torch.Tensor | None) -> None:
@@ -276,32 +280,58 @@ class ReplayedEngine:
         """What else ``finish_update`` writes for this engine when a relocation moves its centroids."""
         return {}
 
-    def relocate(self, rows: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
-        """Empty-cluster relocation after the last pass: row ``rows[i]`` becomes cluster
-        ``clusters[i]`` (empty; negative: skipped) and leaves its own cluster's sums
-        (``update.move_rows_to_clusters``), then the centroids go to the new means of the last
-        update's start ``c_old`` (``finish_update``: the changed clusters' means, the others' the
-        same, as ``_loop.new_centroids`` computes them; for the bounds engine, the moves its next
-        settle pass lowers the bounds by). Returns the total squared move from ``c_old`` (float64,
-        on the device): four launches and no host sync, where the same in torch ops took about 35
-        launches and two syncs. H200, 2026-12-05 (scripts/diag_relocation.py, 245,760 x 32, k = 1024,
-        sigma^2 = 0.0125, fits relocating 4 clusters over 3 iterations), paired against the torch
-        ops: dense fits 0.933x the time (10.05 against 10.79 ms), pruned fits 0.832x (7.24 against 8.73)."""
+    def _relocation_scores(self) -> torch.Tensor:
+        """Each row's squared distance to its centroid of the last pass, by which a relocation ranks
+        the rows (float32, (n,))."""
+        raise NotImplementedError
+
+    def _relocate_run(self, max_moves: int) -> None:
         inp = self.inputs
-        move_rows_to_clusters(self.x, rows, clusters, self.labels, self.sums, self.counts,
-                              sample_weight=inp["sample_weight"], offset=inp["offset"], row_scale=inp["row_scale"])
+        relocate_to_farthest(self.x, self._relocation_scores(), self.labels, self.sums, self.counts, max_moves,
+                             sample_weight=inp["sample_weight"], offset=inp["offset"], row_scale=inp["row_scale"])
         self.c.copy_(self.c_old)
-        if self._relocation_state is None:  # [stats], and the pass partials finish_update adds: none
-            device = self.c.device
-            self._relocation_state = (torch.zeros(4, dtype=torch.float64, device=device),
-                                      torch.zeros(1, dtype=torch.float32, device=device),
-                                      torch.zeros(1, dtype=torch.int32, device=device))
+        assert self._relocation_state is not None
         stats, no_inertia, no_changed = self._relocation_state
         stats.zero_()
         finish_update(self.sums.unsqueeze(0), self.counts.unsqueeze(0), self.c, no_inertia, no_changed, stats,
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
                       **self._relocation_outputs())
-        return stats[1]
+
+    def relocate(self, n_empty: int) -> torch.Tensor:
+        """Empty-cluster relocation after the last pass, by scikit-learn's rule: its ``n_empty``
+        empty clusters, in index order, each take one of the rows farthest from their centroids
+        (``update.relocate_to_farthest``: farthest first, ties to the lower row), which leave their
+        own clusters' sums; then the centroids go to the new means of the last update's start
+        ``c_old`` (``finish_update``: the changed clusters' means, the others' the same, as
+        ``_loop.new_centroids`` computes them; for the bounds engine, the moves its next settle
+        pass lowers the bounds by). Returns the total squared move of the centroids from ``c_old``
+        (float64, on the device): no host sync.
+
+        Its five launches run as a ``ReplayedPass`` per power of two of moves up to
+        ``RELOCATE_MAX`` (a CUDA graph from its second call, or its first where its kernels have
+        run in this process): the host's time between the block that found the empty cluster and
+        the next one was 0.63-0.74 ms of launches (H100, 2026-12-06, 245,760 x 32, k = 1,024:
+        ``torch.topk``, ``nonzero_static``, the moves, the update), a replay takes it a few
+        microseconds."""
+        if self._relocation_state is None:  # [stats], and the pass partials finish_update adds: none
+            device = self.c.device
+            self._relocation_state = (torch.zeros(4, dtype=torch.float64, device=device),
+                                      torch.zeros(1, dtype=torch.float32, device=device),
+                                      torch.zeros(1, dtype=torch.int32, device=device))
+        if n_empty > RELOCATE_MAX:
+            self._relocate_run(n_empty)
+        else:
+            moves = triton.next_power_of_2(n_empty)
+            run = self._relocations.get(moves)
+            if run is None:
+                key = launch_key("relocate", self.c.shape[0], {"x": self.x, "labels": self.labels, **self.inputs},
+                                 engine=self.kernel, moves=moves, normalize=self.normalize)
+                run = ReplayedPass(functools.partial(self._relocate_run, moves), self.c.device,
+                                   self._passes.use_graphs, warm_key=key)
+                self._relocations[moves] = run
+            run.begin()
+            run()
+        return self._relocation_state[0][1]
 
     def _read_passes(self, rows: int, calls: tuple) -> None:
         """How each of the first ``rows`` passes of a block ran, and its times, in the order they
@@ -467,6 +497,19 @@ class LloydEngine(ReplayedEngine):
         """Start another run on the same rows from ``centroids`` (``ReplayedEngine._start_from``)."""
         self._start_from(centroids, offset)
         self._rebase = self.moves
+
+    _far_sq: torch.Tensor | None = None
+
+    def relocate(self, n_empty: int) -> torch.Tensor:
+        if self._far_sq is None:  # (made outside the relocation's capture, which reuses it)
+            self._far_sq = torch.empty(self.x.shape[0], dtype=torch.float32, device=self.x.device)
+        return super().relocate(n_empty)
+
+    def _relocation_scores(self) -> torch.Tensor:
+        # Each row's distance to the centroid the last pass gave it: the pass keeps none of its own.
+        inp = self.inputs
+        return labelled_sq_distances(self.x, self.c_old, self.labels, offset=inp["offset"], row_scale=inp["row_scale"],
+                                     out=self._far_sq)
 
     def _take_base(self) -> None:
         """With ``moves``, at a run's first pass: the float64 sums and counts the passes move rows

@@ -804,10 +804,13 @@ class BoundsEngine(ReplayedEngine):
     def _replayed_passes(self) -> list[ReplayedPass]:
         return [self._passes] + ([self._dense_passes] if getattr(self, "_dense_passes", None) is not None else [])
 
-    def relocate(self, rows: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
-        shift = super().relocate(rows, clusters)
+    def relocate(self, n_empty: int) -> torch.Tensor:
+        shift = super().relocate(n_empty)
         self._dense_left = self.dense_after[1]
         return shift
+
+    def _relocation_scores(self) -> torch.Tensor:
+        return self.sq_dist
 
     def run_block(self, iterations: int, follow: bool = False) -> None:
         """Up to ``iterations`` (<= ``block_size``) settle passes with one host sync (at the ``read``):

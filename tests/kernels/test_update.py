@@ -3,12 +3,17 @@
 import numpy as np
 import pytest
 import torch
+from torchkm._kernels import update as update_module
 from torchkm._kernels.assign import assign
 from torchkm._kernels.update import (
+    RELOCATE_MAX,
+    farthest_keys_reference,
     float64_sums,
     float64_sums_reference,
     move_rows_to_clusters,
     move_rows_to_clusters_reference,
+    relocate_to_farthest,
+    relocate_to_farthest_reference,
     update,
     update_reference,
 )
@@ -104,6 +109,84 @@ def test_move_rows_to_clusters_matches_reference(dtype, d, k):
             assert (counts[torch.tensor(empty, device=DEVICE)] > 0).all()
     with pytest.raises(ValueError, match="same length"):
         move_rows_to_clusters(x, rows.to(DEVICE), clusters[:1].to(DEVICE), labels.to(DEVICE), sums, counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [1, 3, 17, 129])
+@pytest.mark.parametrize("k", [7, 1000])
+def test_relocate_to_farthest_matches_reference(dtype, d, k):
+    """The two-launch relocation against its torch reference: the empty clusters (index order)
+    take the farthest rows (farthest first, ties to the lower row, rows of zero weight last), for
+    fewer moves allowed than clusters empty, as many, and more; rows not a multiple of the kernels'
+    chunk, with and without weights, offset and row scales, strided rows, int32 and int64 labels."""
+    g = torch.Generator().manual_seed(d * 7 + k)
+    n = 3001 if k == 1000 else 1501
+    x = (torch.randn(n, 2 * d, generator=g) * 3 + 1).to(dtype).to(DEVICE)[:, ::2]  # strided rows
+    empty = torch.tensor([k - 1, 3, 5, 0] if k < 100 else [999, 3, 5, 998, 512, 700, 1, 250, 251])
+    labels = torch.randint(0, k, (n,), generator=g)
+    labels[torch.isin(labels, empty)] = 2
+    sq = torch.rand(n, generator=g)
+    top = sq.max()
+    sq[[40, 1200, 41]] = top + 1  # ties at the top: rows 40, 41, then 1200
+    sq[[1500, 7]] = top + 0.5
+    w = (torch.rand(n, generator=g) + 0.1).to(DEVICE)
+    w[40] = 0.0  # the farthest row has no weight: it goes last
+    offset = torch.randn(d, generator=g).to(DEVICE)
+    scale = (torch.rand(n, generator=g) + 0.5).to(DEVICE)
+    sq = sq.to(DEVICE)
+    for kw in ({}, {"sample_weight": w, "offset": offset, "row_scale": scale}):
+        for lab in (labels.to(DEVICE), labels.int().to(DEVICE)):
+            sums, counts = update(x, lab, k, **kw)
+            was_empty = (counts <= 0).nonzero().flatten()  # (at k = 1000 more than those emptied)
+            n_empty = was_empty.numel()
+            for max_moves in (2, len(empty), n_empty + 3):
+                got_sums, got_counts, want_sums, want_counts = sums.clone(), counts.clone(), sums.clone(), counts.clone()
+                relocate_to_farthest_reference(x, sq, lab, want_sums, want_counts, max_moves, **kw)
+                relocate_to_farthest(x, sq, lab, got_sums, got_counts, max_moves, **kw)
+                torch.testing.assert_close(got_sums, want_sums, rtol=1e-5, atol=1e-4)
+                torch.testing.assert_close(got_counts, want_counts, rtol=1e-6, atol=1e-6)
+                # The first max_moves of them are filled (a moved row may empty its own cluster).
+                filled = (got_counts[was_empty] > 0).tolist()
+                assert filled == [True] * min(max_moves, n_empty) + [False] * max(0, n_empty - max_moves)
+    # The order itself: the first empty cluster takes row 41 where row 40 has no weight.
+    sums, counts = update(x, labels.to(DEVICE), k, sample_weight=w)
+    first = int((counts <= 0).nonzero()[0])
+    relocate_to_farthest(x, sq, labels.to(DEVICE), sums, counts, 1, sample_weight=w)
+    torch.testing.assert_close(sums[first], x[41].float() * w[41], rtol=1e-6, atol=1e-6)
+
+
+def test_relocation_order_and_its_torch_paths():
+    """``farthest_keys_reference`` ranks rows farthest first, ties to the lower row, zero weights
+    last; ``_ops.farthest_rows`` (the torch engines' relocation) takes the same order; more moves
+    than ``RELOCATE_MAX`` go through torch.topk; bad arguments are refused."""
+    from torchkm import _ops
+
+    sq = torch.tensor([1.0, 3.0, 0.0, 3.0, 2.0, 3.0, -0.0], device=DEVICE)
+    w = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0], device=DEVICE)
+    order = torch.sort(farthest_keys_reference(sq, w), descending=True).indices.tolist()
+    assert order == [1, 5, 4, 0, 2, 6, 3]
+    assert _ops.farthest_rows(sq, w, 5)[1].tolist() == [1, 5, 4, 0, 2]
+    assert _ops.farthest_rows(sq.double().cpu(), None, 3)[1].tolist() == [1, 3, 5]
+    assert _ops.farthest_rows(sq, None, 0)[1].numel() == 0
+    g = torch.Generator().manual_seed(5)
+    n, d, k = 900, 5, 80
+    x = torch.randn(n, d, generator=g).to(DEVICE)
+    labels = torch.randint(0, 40, (n,), generator=g).to(DEVICE)  # clusters 40..79 empty
+    sq = torch.rand(n, generator=g).to(DEVICE)
+    sums, counts = update(x, labels, k)
+    want_sums, want_counts = sums.clone(), counts.clone()
+    relocate_to_farthest(x, sq, labels, sums, counts, RELOCATE_MAX + 5)
+    relocate_to_farthest_reference(x, sq, labels, want_sums, want_counts, RELOCATE_MAX + 5)
+    torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, want_counts)
+    assert int((counts <= 0).sum()) == 40 - RELOCATE_MAX - 5
+    with pytest.raises(ValueError, match="sq_distances"):
+        relocate_to_farthest(x, sq[:-1], labels, sums, counts, 1)
+    with pytest.raises(ValueError, match="float32"):
+        relocate_to_farthest(x, sq, labels, sums.double(), counts, 1)
+    with pytest.raises(ValueError, match="max_moves"):
+        relocate_to_farthest(x, sq, labels, sums, counts, -1)
+    assert update_module.RELOCATE_MAX == RELOCATE_MAX
 
 
 def test_row_scale_half_input_and_int32_labels():
