@@ -10,7 +10,8 @@ Two kernels behind one ``update``:
 The fused assignment kernel (``assign(..., sums=, counts=)``) does the first while it reads x anyway.
 ``float64_sums`` (with ``float64_sums_reference`` in torch) takes the same sums in float64, for the
 bounds engine and dense Lloyd's float64 moves (``configs.dense_moves``), whose later passes only
-move the rows that change cluster from that base.
+move the rows that change cluster from that base. ``relocate_to_farthest`` applies scikit-learn's
+empty-cluster relocation to the sums on the device (``move_rows_to_clusters`` for given pairs).
 Rows are read transformed, ``(x - offset) * row_scale``, as in the assignment kernel.
 """
 
@@ -210,7 +211,7 @@ def _farthest_candidates_kernel(
 def _relocate_farthest_kernel(
     cand_ptr, n_cand, x_ptr, labels_ptr, weight_ptr, offset_ptr, scale_ptr, sums_ptr, counts_ptr, k, d,
     stride_xn, stride_xd, max_moves,
-    M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    M: tl.constexpr, BLOCK_C: tl.constexpr, SCAN_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
 ):
     """One program: the ``M`` largest candidate keys (the farthest rows, farthest first), the first
@@ -225,16 +226,22 @@ def _relocate_farthest_kernel(
             best = _merge_largest(best, keys, M)
     targets = tl.full((M,), -1, tl.int64)
     found = 0
-    for k0 in range(0, k, BLOCK_K):
-        ids = k0 + tl.arange(0, BLOCK_K)
-        empty = (tl.load(counts_ptr + ids, mask=ids < k, other=1.0) <= 0) & (ids < k)
-        in_chunk = tl.sum(empty.to(tl.int32), axis=0)
+    # Wide chunks of the counts, and only those holding one of the first M empty clusters ranked
+    # in narrow ones: one program reads all k counts.
+    for k0 in range(0, k, SCAN_K):
+        ids = k0 + tl.arange(0, SCAN_K)
+        in_chunk = tl.sum(((tl.load(counts_ptr + ids, mask=ids < k, other=1.0) <= 0) & (ids < k)).to(tl.int32), axis=0)
         if (in_chunk > 0) & (found < M):
-            rank = found + tl.cumsum(empty.to(tl.int32), axis=0) - 1
-            hit = empty[None, :] & (rank[None, :] == slots[:, None])
-            targets = tl.where(tl.sum(hit.to(tl.int32), axis=1) > 0,
-                               tl.sum(tl.where(hit, ids[None, :].to(tl.int64), 0), axis=1), targets)
-        found += in_chunk
+            for r0 in range(k0, k0 + SCAN_K, BLOCK_K):
+                ids = r0 + tl.arange(0, BLOCK_K)
+                empty = (tl.load(counts_ptr + ids, mask=ids < k, other=1.0) <= 0) & (ids < k)
+                rank = found + tl.cumsum(empty.to(tl.int32), axis=0) - 1
+                hit = empty[None, :] & (rank[None, :] == slots[:, None])
+                targets = tl.where(tl.sum(hit.to(tl.int32), axis=1) > 0,
+                                   tl.sum(tl.where(hit, ids[None, :].to(tl.int64), 0), axis=1), targets)
+                found += tl.sum(empty.to(tl.int32), axis=0)
+        else:
+            found += in_chunk
     # Every program's thread has read the counts before any of them is written.
     tl.debug_barrier()
     for i in range(M):
@@ -394,7 +401,7 @@ def relocate_to_farthest(
         sq_distances.contiguous(), transform["weight_ptr"], n, candidates, M=m, BLOCK=block, HAS_WEIGHT=sample_weight is not None)
     launcher(_relocate_farthest_kernel)[(1,)](
         candidates, candidates.numel(), x, labels, sums_ptr=sums, counts_ptr=counts, k=counts.numel(), d=d,
-        max_moves=max_moves, M=m, BLOCK_C=1024, BLOCK_K=256, BLOCK_D=block_d, **transform,
+        max_moves=max_moves, M=m, BLOCK_C=1024, SCAN_K=4096, BLOCK_K=256, BLOCK_D=block_d, **transform,
     )
 
 

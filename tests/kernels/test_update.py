@@ -180,6 +180,20 @@ def test_relocation_order_and_its_torch_paths():
     torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(counts, want_counts)
     assert int((counts <= 0).sum()) == 40 - RELOCATE_MAX - 5
+    # Empty clusters in different chunks of the counts the merging program reads (4,096 wide).
+    k = 9000
+    empty = torch.tensor([3, 4100, 4101, 8999])
+    labels = torch.cat([torch.arange(k), torch.randint(0, k, (501,), generator=g)])
+    labels[torch.isin(labels, empty)] = 7
+    x = torch.randn(labels.numel(), d, generator=g).to(DEVICE)
+    labels, sq = labels.to(DEVICE), torch.rand(labels.numel(), generator=g).to(DEVICE)
+    sums, counts = update(x, labels, k)
+    want_sums, want_counts = sums.clone(), counts.clone()
+    relocate_to_farthest(x, sq, labels, sums, counts, 4)
+    relocate_to_farthest_reference(x, sq, labels, want_sums, want_counts, 4)
+    torch.testing.assert_close(sums, want_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, want_counts)
+    assert bool((counts[empty.to(DEVICE)] == 1).all())
     with pytest.raises(ValueError, match="sq_distances"):
         relocate_to_farthest(x, sq[:-1], labels, sums, counts, 1)
     with pytest.raises(ValueError, match="float32"):
