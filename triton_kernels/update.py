@@ -233,12 +233,12 @@ def _relocate_farthest_kernel(
         in_chunk = tl.sum(((tl.load(counts_ptr + ids, mask=ids < k, other=1.0) <= 0) & (ids < k)).to(tl.int32), axis=0)
         if (in_chunk > 0) & (found < M):
             for r0 in range(k0, k0 + SCAN_K, BLOCK_K):
-                ids = r0 + tl.arange(0, BLOCK_K)
-                empty = (tl.load(counts_ptr + ids, mask=ids < k, other=1.0) <= 0) & (ids < k)
+                narrow = r0 + tl.arange(0, BLOCK_K)
+                empty = (tl.load(counts_ptr + narrow, mask=narrow < k, other=1.0) <= 0) & (narrow < k)
                 rank = found + tl.cumsum(empty.to(tl.int32), axis=0) - 1
                 hit = empty[None, :] & (rank[None, :] == slots[:, None])
                 targets = tl.where(tl.sum(hit.to(tl.int32), axis=1) > 0,
-                                   tl.sum(tl.where(hit, ids[None, :].to(tl.int64), 0), axis=1), targets)
+                                   tl.sum(tl.where(hit, narrow[None, :].to(tl.int64), 0), axis=1), targets)
                 found += tl.sum(empty.to(tl.int32), axis=0)
         else:
             found += in_chunk
