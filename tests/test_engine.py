@@ -202,12 +202,14 @@ def test_blocks_of_iterations_stop_where_single_iterations_do(monkeypatch, case)
     assert blocks.converged == one.converged
 
 
-@pytest.mark.parametrize("case", ["strict", "tol", "max_iter", "empty"])
+@pytest.mark.parametrize("case", ["strict", "tol", "max_iter", "empty", "empty, then tol"])
 @pytest.mark.parametrize("algorithm", ["lloyd", "pruned", "box"])
 def test_blocks_launched_ahead_of_their_read_give_the_fit_of_blocks_read_in_turn(monkeypatch, algorithm, case):
     """``_loop.lloyd`` launches a block before it reads the one before (``_pipelined``): a block
     behind one that stops (convergence, max_iter, an empty cluster mid-block or at its end) does
-    nothing and is dropped unread. Each engine (dense, bounds, box) fits as with one block at a time."""
+    nothing and is dropped unread, and the dense and bounds engines launch the next block behind
+    their relocation of empty clusters before its shift is read. Each engine (dense, bounds, box)
+    fits as with one block at a time."""
     from torchkm._kernels.lloyd import ReplayedEngine
 
     from torchkm import _loop
@@ -222,10 +224,12 @@ def test_blocks_launched_ahead_of_their_read_give_the_fit_of_blocks_read_in_turn
         kw["tol"] = 1e-3
     if case == "max_iter":
         kw["max_iter"] = 5  # (the block behind the second is one iteration)
-    if case == "empty":
+    if case.startswith("empty"):
         init = x[:3].repeat(2, 1)[:5]
         kw = {**kw, "init": init, "random_state": None}
         k = 5
+    if case == "empty, then tol":  # the relocation's shift meets tol: the block behind it is dropped
+        kw["tol"] = 1e6
     monkeypatch.setenv("TORCHKM_ENGINE", "triton")
     monkeypatch.setenv("TORCHKM_REUSE_ENGINES", "0")
     monkeypatch.setattr(_loop, "_use_cuda_graphs", lambda data, k, comm: True)
@@ -238,17 +242,29 @@ def test_blocks_launched_ahead_of_their_read_give_the_fit_of_blocks_read_in_turn
         return real(self, passes, record, follow)
 
     monkeypatch.setattr(ReplayedEngine, "_run_passes", run_passes)
+    relocations = []  # (the dense and bounds engines relocate on the device, a block launched behind)
+    relocate = ReplayedEngine.relocate
+    monkeypatch.setattr(ReplayedEngine, "relocate",
+                        lambda self, n_empty, follow=False: relocations.append(follow) or relocate(self, n_empty, follow))
     monkeypatch.setenv("TORCHKM_PIPELINE", "0")
     in_turn = torchkm.fit(x, k, **kw)
-    assert not any(follows)
+    assert not any(follows) and not any(relocations)
+    relocations.clear()
     monkeypatch.setenv("TORCHKM_PIPELINE", "1")
     ahead = torchkm.fit(x, k, **kw)
-    assert any(follows)
+    # (Where the relocation meets tol the fit ends after one pass: only the dense engine, whose
+    # first pass is a block's, launches one behind it.)
+    assert any(follows) or (case == "empty, then tol" and algorithm != "lloyd")
+    assert bool(relocations) == (case.startswith("empty") and algorithm != "box")
+    # (The bounds engine relocates here after its first pass, run alone: no block to launch behind.)
+    assert not relocations or all(relocations) == (algorithm != "pruned")
     assert ahead.n_iter == in_turn.n_iter
     assert [(h.labels_changed, h.empty_clusters, h.kernel) for h in ahead.history] == [
         (h.labels_changed, h.empty_clusters, h.kernel) for h in in_turn.history]
-    if case == "empty":
+    if case.startswith("empty"):
         assert any(h.empty_clusters for h in in_turn.history)
+    if case == "empty, then tol":
+        assert ahead.converged and ahead.n_iter == 1
     if case == "max_iter":
         assert ahead.n_iter == 5
     assert torch.equal(ahead.labels, in_turn.labels)

@@ -661,6 +661,7 @@ def lloyd(
             rows = [device_stats.tolist()]
         seconds = (time.perf_counter() - t0) / len(rows)
         switch_to = None
+        relocated_ahead = False  # (a block queued behind a relocation, to be read next)
         for row, ((inertia_f, shift_f, changed_f, empty_f), info) in enumerate(zip(rows, infos)):
             if not math.isfinite(inertia_f):
                 # The rows are finite (checked), so their distances overflowed the compute dtype:
@@ -681,8 +682,22 @@ def lloyd(
             if n_empty:
                 if getattr(engine, "relocates_on_device", False) and not comm.active:
                     # The same moves on the device (a replayed graph), its centroids updated in
-                    # place (one sync: the shift).
-                    shift_f = float(engine.relocate(n_empty))
+                    # place. With blocks launched ahead, the next block starts behind it before
+                    # its shift is read (the one sync, for the relocation alone): frozen from its
+                    # first pass where the relocation met tol, and then dropped.
+                    follow = _pipelined(engine, hybrid)
+                    if follow and ahead:
+                        engine.discard_queued()  # (the block behind this one: frozen by the empty cluster)
+                    engine.relocate(n_empty, follow=follow)
+                    if follow:
+                        ahead = min(engine.block, max_iter - it - 1)
+                        if ahead:
+                            engine.run_block(ahead, follow=True)
+                    shift_f = engine.relocation_shift()
+                    if ahead and shift_f <= engine.tol_device:
+                        engine.discard_queued()
+                        ahead = 0
+                    relocated_ahead = ahead > 0
                 else:
                     labels_now = engine.labels if labels is None else labels
                     if sq is None:
@@ -715,7 +730,7 @@ def lloyd(
             prev_labels = labels
             if converged or block_ends:
                 break
-        if ahead and block_ends:
+        if ahead and block_ends and not relocated_ahead:
             # The block behind one that stopped: frozen from its first pass, nothing to read.
             engine.discard_queued()
             ahead = 0

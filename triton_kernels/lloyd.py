@@ -297,7 +297,7 @@ class ReplayedEngine:
                       normalize=self.normalize, old_centroids=self.c_old, sums=self.sums, counts=self.counts,
                       **self._relocation_outputs())
 
-    def relocate(self, n_empty: int) -> torch.Tensor:
+    def relocate(self, n_empty: int, follow: bool = False) -> torch.Tensor:
         """Empty-cluster relocation after the last pass, by scikit-learn's rule: its ``n_empty``
         empty clusters, in index order, each take one of the rows farthest from their centroids
         (``update.relocate_to_farthest``: farthest first, ties to the lower row), which leave their
@@ -313,7 +313,13 @@ class ReplayedEngine:
         kernels have run in this process). The host's time between the block that found the empty
         cluster and the next one was 0.63-0.74 ms of launches (H100, 2026-12-06, 245,760 x 32,
         k = 1,024: ``torch.topk``, ``nonzero_static``, the moves, the update); a replay takes it
-        0.013-0.020 ms, and fits that relocated twice there took 10-13 % less time (H100, same day)."""
+        0.013-0.020 ms, and fits that relocated twice there took 10-13 % less time (H100, same day).
+
+        ``follow``: a block launched next with ``run_block(follow=True)`` continues from the
+        relocation, so that it can be launched before the shift is read (``relocation_shift``,
+        which waits for the relocation alone): it starts unfrozen, after a "pass" that moved the
+        centroids by the relocation's shift with labels changed and no cluster empty, so its first
+        pass freezes only where that shift meets tol (or the block's budget is spent)."""
         if self._relocation_state is None:  # [stats], and the pass partials finish_update adds: none
             device = self.c.device
             self._relocation_state = (torch.zeros(4, dtype=torch.float64, device=device),
@@ -332,7 +338,34 @@ class ReplayedEngine:
                 self._relocations[moves] = run
             run.begin()
             run()
-        return self._relocation_state[0][1]
+        shift = self._relocation_state[0][1]
+        self._shift_copied = follow and self.c.device.type == "cuda"
+        if follow:
+            if self.recording is None:
+                raise ValueError("only engines whose passes record themselves follow a relocation (one process)")
+            self._block_state.copy_(self._go[self._half])
+            self.stats_prev[1:2].copy_(shift.view(1))
+            if self._shift_copied:
+                if self._shift_event is None:
+                    self._host_shift = torch.zeros(1, dtype=torch.float64, pin_memory=True)
+                    self._shift_event = torch.cuda.Event()
+                self._host_shift.copy_(shift.view(1), non_blocking=True)
+                self._shift_event.record(torch.cuda.current_stream(self.c.device))
+        return shift
+
+    _shift_event: torch.cuda.Event | None = None
+    _host_shift: torch.Tensor
+    _shift_copied = False  # (the last relocation's shift is copied to the host behind it)
+
+    def relocation_shift(self) -> float:
+        """The shift of the last ``relocate``, waiting for the relocation alone (not for a block
+        launched behind it with ``follow``)."""
+        if self._shift_copied:
+            assert self._shift_event is not None
+            self._shift_event.synchronize()
+            return float(self._host_shift[0])
+        assert self._relocation_state is not None
+        return float(self._relocation_state[0][1])
 
     def _read_passes(self, rows: int, calls: tuple) -> None:
         """How each of the first ``rows`` passes of a block ran, and its times, in the order they
@@ -501,10 +534,10 @@ class LloydEngine(ReplayedEngine):
 
     _far_sq: torch.Tensor | None = None
 
-    def relocate(self, n_empty: int) -> torch.Tensor:
+    def relocate(self, n_empty: int, follow: bool = False) -> torch.Tensor:
         if self._far_sq is None:  # (made outside the relocation's capture, which reuses it)
             self._far_sq = torch.empty(self.x.shape[0], dtype=torch.float32, device=self.x.device)
-        return super().relocate(n_empty)
+        return super().relocate(n_empty, follow)
 
     def _relocation_scores(self) -> torch.Tensor:
         # Each row's distance to the centroid the last pass gave it: the pass keeps none of its own.

@@ -804,8 +804,8 @@ class BoundsEngine(ReplayedEngine):
     def _replayed_passes(self) -> list[ReplayedPass]:
         return [self._passes] + ([self._dense_passes] if getattr(self, "_dense_passes", None) is not None else [])
 
-    def relocate(self, n_empty: int) -> torch.Tensor:
-        shift = super().relocate(n_empty)
+    def relocate(self, n_empty: int, follow: bool = False) -> torch.Tensor:
+        shift = super().relocate(n_empty, follow)
         self._dense_left = self.dense_after[1]
         return shift
 
