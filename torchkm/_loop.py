@@ -701,8 +701,9 @@ def lloyd(
                 else:
                     labels_now = engine.labels if labels is None else labels
                     if sq is None:
-                        # The groups engine kept every row's distance to its centroid from the
-                        # pass; for the others each row's distance to the centroid the pass gave it.
+                        # Engines that keep every row's distance to its centroid from the pass
+                        # (``sq_distances``: groups, bounds) lend it; for the others, each row's
+                        # distance to the centroid the pass gave it.
                         sq = getattr(engine, "sq_distances", None)
                         sq = _ops.labelled_sq_distances(data, old_c, labels_now) if sq is None else sq
                     _relocate_empty(data, labels_now, sq, sums, counts, counts <= 0, sample_weight, comm)

@@ -282,8 +282,8 @@ class ReplayedEngine:
 
     def _relocation_scores(self) -> torch.Tensor:
         """Each row's squared distance to its centroid of the last pass, by which a relocation ranks
-        the rows (float32, (n,))."""
-        raise NotImplementedError
+        the rows (float32, (n,)): the engine's ``sq_distances`` where it keeps them."""
+        return self.sq_distances
 
     def _relocate_run(self, max_moves: int) -> None:
         inp = self.inputs

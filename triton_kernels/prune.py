@@ -809,9 +809,6 @@ class BoundsEngine(ReplayedEngine):
         self._dense_left = self.dense_after[1]
         return shift
 
-    def _relocation_scores(self) -> torch.Tensor:
-        return self.sq_dist
-
     def run_block(self, iterations: int, follow: bool = False) -> None:
         """Up to ``iterations`` (<= ``block_size``) settle passes with one host sync (at the ``read``):
         a pass after one that met a stopping rule, or left a cluster empty, does nothing.

@@ -384,8 +384,6 @@ def relocate_to_farthest(
     moves at 245,760 x 32, k = 1,024). More moves go through ``torch.topk`` (one host sync)."""
     _check_relocation(x, sq_distances, labels, sums, counts, max_moves)
     n, d = x.shape
-    transform = _transform_args(x, offset, row_scale, sample_weight, counts)
-    block_d = min(256, max(16, triton.next_power_of_2(d)))
     if max_moves == 0 or n == 0:
         return
     if max_moves > RELOCATE_MAX:
@@ -393,6 +391,8 @@ def relocate_to_farthest(
         move_rows_to_clusters(x, rows, clusters, labels, sums, counts, sample_weight=sample_weight, offset=offset,
                               row_scale=row_scale)
         return
+    transform = _transform_args(x, offset, row_scale, sample_weight, counts)
+    block_d = min(256, max(16, triton.next_power_of_2(d)))
     m = triton.next_power_of_2(max_moves)
     block = 1024
     programs = min(triton.cdiv(n, block), num_persistent_programs(x.device))
