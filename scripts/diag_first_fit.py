@@ -76,7 +76,7 @@ def main() -> None:
     import triton
 
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
-    print(meta)
+    print(meta, flush=True)
     rows = []
     print(f"{'scenario':>20} {'cache':>6} | {'import s':>8} {'first s':>8} {'second s':>8} {'process s':>9}")
     for name in args.scenarios:
@@ -89,9 +89,9 @@ def main() -> None:
                     continue
                 print(f"{name:>20} {label:>6} | {r['import_s']:8.2f} {r['first_s']:8.2f} {r['second_s']:8.3f} "
                       f"{r['process_s']:9.2f}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**meta, "rows": rows}, f, indent=1)
+                if args.json:  # (after every run: a time limit may stop the script)
+                    with open(args.json, "w") as f:
+                        json.dump({**meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
