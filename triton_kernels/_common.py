@@ -19,6 +19,13 @@ import triton.language as tl
 # previous cluster's float64 sums to its new one's (``move_rows``: sums kept across passes).
 UPDATE_NONE, UPDATE_ONEHOT, UPDATE_ATOMIC, UPDATE_CARRY, UPDATE_DELTA = 0, 1, 2, 3, 4
 
+# Triton after 3.6 (3.9, CI's, on 2026-12-06) fails to lay out a masked atomic whose address
+# broadcasts a row vector over the columns of a mask in an MMA layout ("PassManager::run failed" in
+# TritonGPURemoveLayoutConversions, for sm_90); the address built from the mask's own tensor
+# (``tl.where(mask, rows[:, None], 0)``) compiles there. Triton 3.6, the device image's, where the
+# kernels were measured, keeps the broadcast form (``scripts/compile_sm90.py`` compiles both).
+ATOMIC_ADDRESS_FROM_MASK = tl.constexpr(tuple(int(p) for p in triton.__version__.split(".")[:2]) > (3, 6))
+
 
 def launcher(kernel):
     """``kernel`` wrapped by ``torch.library.wrap_triton``, so that kernels launched inside a

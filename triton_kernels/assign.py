@@ -96,6 +96,7 @@ import triton.language as tl
 
 from . import hopper_search
 from ._common import (
+    ATOMIC_ADDRESS_FROM_MASK,
     FLOAT64_TIES,
     NEAR_SCORE_TIES,
     TIE_D,
@@ -1423,8 +1424,11 @@ def _candidate_kernel(
                 is_cand = row_mask[:, None] & col_mask[None, :] & (acc <= top[:, None])
                 # Each candidate takes its place by its own atomic: few scores pass, and a running
                 # sum over the tile (one atomic a row) holds more registers (it spilled at 128 x 128).
-                pos = tl.atomic_add(count_ptr + 2 + slots[:, None] + tl.zeros_like(cols)[None, :], 1, mask=is_cand,
-                                    sem="relaxed")
+                if ATOMIC_ADDRESS_FROM_MASK:
+                    tallies = count_ptr + 2 + tl.where(is_cand, slots[:, None], 0)
+                else:
+                    tallies = count_ptr + 2 + slots[:, None] + tl.zeros_like(cols)[None, :]
+                pos = tl.atomic_add(tallies, 1, mask=is_cand, sem="relaxed")
                 tl.store(cand_ptr + slots[:, None].to(tl.int64) * S + pos, cols[None, :] + tl.zeros_like(pos),
                          mask=is_cand & (pos < S))
 

@@ -57,7 +57,14 @@ try:  # Gluon is experimental: its absence, or another API, leaves the tl.dot se
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-except ImportError:  # pragma: no cover - depends on the installed Triton
+
+    # Names that Gluon changed after Triton 3.6 (the device image's), so that the search compiles
+    # on 3.9 as well (CI's; checked by scripts/compile_sm90.py): the TMA load, ``async_load`` from
+    # 3.9 (where ``async_copy_global_to_shared`` raises), with the same arguments.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    # The CTA's barrier: ``thread_barrier`` in 3.6, ``barrier`` from 3.9.
+    _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
     gluon = None
 
 __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_in_graph", "search_operands",
@@ -360,10 +367,10 @@ if gluon is not None:
     def _refill(c_desc, e_desc, c_smem, ce_smem, ready, s, tile, pred, BLOCK_K: gl.constexpr, PACKED: gl.constexpr):
         if PACKED:
             mbarrier.expect(ready.index(s), c_desc.block_type.nbytes + e_desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(e_desc, [tile * BLOCK_K, 0], ready.index(s), ce_smem.index(s), pred=pred)
+            _tma_load(e_desc, [tile * BLOCK_K, 0], ready.index(s), ce_smem.index(s), pred=pred)
         else:
             mbarrier.expect(ready.index(s), c_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(c_desc, [tile * BLOCK_K, 0], ready.index(s), c_smem.index(s), pred=pred)
+        _tma_load(c_desc, [tile * BLOCK_K, 0], ready.index(s), c_smem.index(s), pred=pred)
 
     @gluon.jit
     def _retire(pending, c_desc, e_desc, c_smem, ce_smem, ready, bias_ptr, t, n_tiles, k, best_t, tile_t, second_t,
@@ -379,7 +386,7 @@ if gluon is not None:
             bias = gl.load(bias_ptr + t * BLOCK_K + tile_cols, mask=t * BLOCK_K + tile_cols < k, other=float("inf"))
             acc = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(pending,))
         # Both warpgroups' products of the stage are done before it is overwritten.
-        gl.thread_barrier()
+        _thread_barrier()
         refill = t + STAGES
         _refill(c_desc, e_desc, c_smem, ce_smem, ready, t % STAGES, refill, refill < n_tiles, BLOCK_K, PACKED)
         return _fold_tile(acc, bias, t, best_t, tile_t, second_t, CHECK, PACKED, TILE_BITS)
@@ -424,7 +431,7 @@ if gluon is not None:
                                                                                   ones)))
         e_smem.store(extra.to(e_smem.dtype))
         fence_async_shared()
-        gl.thread_barrier()
+        _thread_barrier()
         return gl.convert_layout(added, gl.SliceLayout(1, layout))
 
     @gluon.jit
@@ -474,7 +481,7 @@ if gluon is not None:
             values = gl.where(mask, values - gl.expand_dims(mean, 0), 0.0)
         x_smem.store((values * gl.load(half_ptr)).to(gl.float16))
         fence_async_shared()
-        gl.thread_barrier()
+        _thread_barrier()
 
     @gluon.jit
     def _search_rows(x_desc, c_desc, e_desc, x_ptr, stride_xn, stride_xd, half_ptr, bias_ptr, offset_ptr, best_ptr,
@@ -512,7 +519,7 @@ if gluon is not None:
             mbarrier.init(ready.index(s), count=1)
         if not HALF:
             mbarrier.expect(x_ready, x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [row0, 0], x_ready, x_smem)
+            _tma_load(x_desc, [row0, 0], x_ready, x_smem)
         for s in gl.static_range(STAGES):
             _refill(c_desc, e_desc, c_smem, ce_smem, ready, s, s, s < n_tiles, BLOCK_K, PACKED)
         if HALF:  # while the first centroid tiles load
