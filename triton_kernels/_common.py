@@ -22,9 +22,17 @@ UPDATE_NONE, UPDATE_ONEHOT, UPDATE_ATOMIC, UPDATE_CARRY, UPDATE_DELTA = 0, 1, 2,
 # Triton after 3.6 (3.9, CI's, on 2026-12-06) fails to lay out a masked atomic whose address
 # broadcasts a row vector over the columns of a mask in an MMA layout ("PassManager::run failed" in
 # TritonGPURemoveLayoutConversions, for sm_90); the address built from the mask's own tensor
-# (``tl.where(mask, rows[:, None], 0)``) compiles there. Triton 3.6, the device image's, where the
-# kernels were measured, keeps the broadcast form (``scripts/compile_sm90.py`` compiles both).
-ATOMIC_ADDRESS_FROM_MASK = tl.constexpr(tuple(int(p) for p in triton.__version__.split(".")[:2]) > (3, 6))
+# (``tl.where(mask, rows[:, None], 0)``) compiles there. On Triton 3.6 (the device image's) the
+# broadcast form is the faster one in ``assign._candidate_kernel``, the one user of this switch:
+# H100, 2026-12-07, the kernel at 1M x 128 x 4,096 over-split fp32 rows 51-52 / 102 us against
+# 58-59 / 115 with the mask's address (from random rows / after two iterations), 2,882-2,889
+# against 3,051-3,065 at 1M x 768 x 8,192, 7 against 8-9 at 245,760 x 32 x 1,024 bf16; so 3.6
+# keeps it (``scripts/compile_sm90.py`` compiles both). (``centroids._neighbours_kernel`` takes the
+# mask's address on every version: faster there.) ``TORCHKM_ATOMIC_ADDRESS=mask`` / ``broadcast``:
+# either form on any version (experiments; read at import).
+ATOMIC_ADDRESS_FROM_MASK = tl.constexpr(
+    {"mask": True, "broadcast": False}.get(os.environ.get("TORCHKM_ATOMIC_ADDRESS", ""),
+                                          tuple(int(p) for p in triton.__version__.split(".")[:2]) > (3, 6)))
 
 
 def launcher(kernel):
