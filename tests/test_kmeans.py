@@ -324,6 +324,21 @@ def test_fewer_distinct_points_than_clusters_warns_and_stays_valid():
     assert set(r.labels.tolist()) <= {0, 1, 2, 3}
 
 
+def test_a_run_stopped_by_max_iter_with_an_empty_cluster_says_so():
+    """The final labels of a run cut short may leave a cluster empty (its refill would have come at
+    the next iteration): the warning names max_iter, not duplicate points; run on, it converges with
+    every cluster filled."""
+    x = torch.tensor([9.0, 9.0, 0.0, 1.0, 2.0, 3.0])[:, None]
+    init = torch.tensor([0.5, 5.5, 5.5])[:, None]
+    with pytest.warns(torchkm.ConvergenceWarning, match="2 distinct clusters.*max_iter=1"):
+        r = torchkm.fit(x, 3, init=init, max_iter=1)
+    assert not r.converged and torch.isfinite(r.centroids).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torchkm.ConvergenceWarning)
+        r = torchkm.fit(x, 3, init=init)
+    assert r.converged and sorted(set(r.labels.tolist())) == [0, 1, 2]
+
+
 def test_k_equals_one_and_k_equals_n(rng):
     x = torch.from_numpy(rng.standard_normal((50, 3)))
     r1 = torchkm.fit(x, 1)

@@ -1200,9 +1200,14 @@ def fit(
     present[best.labels.to(target)] = 1.0
     n_distinct = int((comm.sum_(present) > 0).sum())
     if n_distinct < n_clusters:
+        # A run that converged relocated every cluster its passes emptied, so the final labels leave
+        # one empty where rows coincide; one stopped by max_iter may end on a pass that emptied one.
+        why = (f"x probably has fewer than {n_clusters} distinct points (duplicate centroids are returned)"
+               if best.converged else
+               f"the best run stopped at max_iter={max_iter} after a pass that left clusters empty, before they "
+               f"were refilled (or x has fewer than {n_clusters} distinct points); raise max_iter")
         warnings.warn(
-            f"only {n_distinct} distinct clusters were found for n_clusters={n_clusters}; x probably has fewer "
-            f"than {n_clusters} distinct points (duplicate centroids are returned)",
+            f"only {n_distinct} distinct clusters were found for n_clusters={n_clusters}: {why}",
             ConvergenceWarning,
             stacklevel=3,
         )
