@@ -299,21 +299,35 @@ FLOAT64_TIES = tl.constexpr(os.environ.get("TORCHKM_FLOAT64_TIES", "1") != "0")
 # 0.071 -> 0.127), as the rows' norms and the tile-wide test add about 350 instructions and 4-11
 # barriers to each tile. Without it that route takes the lowest 3xTF32 score.
 NEAR_SCORE_TIES = tl.constexpr(os.environ.get("TORCHKM_X3_TIES", "0") == "1")
+# ``fp32_tie``'s window from each kernel's chunked sums (default) or, with
+# ``TORCHKM_TIE_WINDOW=any``, from d roundings per distance, the bound of a sum in any order (wider:
+# at 1M x 768, k = 8192 it flagged about 0.9 % of N(0, 1) rows against 0.02 %, and a tile holding
+# one such row runs the float64 sweep over all its features). Read once, at import.
+TIE_WINDOW_ANY_ORDER = tl.constexpr(os.environ.get("TORCHKM_TIE_WINDOW", "chunks") == "any")
 # Features per chunk of that float64 sweep (its tiles of this width stay in registers beside the
 # epilogue's: sm_90 compiles at 4 and 8 used as many registers).
 TIE_D = tl.constexpr(8)
 
 
 @triton.jit
-def fp32_tie(dist_a, dist_b, d):
+def fp32_tie(dist_a, dist_b, d, CHUNK: tl.constexpr):
     """Whether two direct fp32 squared distances of d-feature rows are too close for fp32 to order.
 
-    Each is within about (d + 2) units of its last place of the exact distance of the fp32 values
-    (one rounding per difference and square, d - 1 per sum in any order), so only a gap beyond
-    twice that, with room to spare, orders the exact distances. The order of the fp32 sums themselves
-    depends on the kernel's layout (its tile shape and warps), so two kernels may part on such a
-    pair; its float64 distances (``sq_dist64_part``) settle it the same way in every kernel."""
-    return tl.abs(dist_a - dist_b) <= (2 * d + 32) * 5.9604645e-08 * tl.maximum(dist_a, dist_b) + 1.0e-30
+    The kernels sum a distance in chunks of ``CHUNK`` features: a reduction within each chunk (a
+    tree of at most ``CHUNK - 1`` additions, in whatever order the launch's layout takes), the chunk
+    sums added in turn. So each term passes through at most ``min(d, CHUNK + ceil(d / CHUNK))``
+    roundings of the sum, besides one each for its difference and square: a distance of
+    non-negative terms is within about that many units of its last place (plus two) of the exact
+    distance of the fp32 values, and only a gap beyond twice that, with room to spare, orders the
+    exact distances. (``TORCHKM_TIE_WINDOW=any``: d roundings, the bound of a sum in any order, as
+    before 2026-12-07; experiments.) The order of the fp32 sums themselves depends on the kernel's
+    layout (its tile shape and warps), so two kernels may part on such a pair; its float64
+    distances (``sq_dist64_part``) settle it the same way in every kernel."""
+    if TIE_WINDOW_ANY_ORDER:
+        depth = d
+    else:
+        depth = tl.minimum(d, CHUNK + (d + CHUNK - 1) // CHUNK)
+    return tl.abs(dist_a - dist_b) <= (2 * depth + 32) * 5.9604645e-08 * tl.maximum(dist_a, dist_b) + 1.0e-30
 
 
 @triton.jit

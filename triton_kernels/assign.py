@@ -642,7 +642,7 @@ def _tile(
             bound = bound_coef * row_norm * c_norm_max + bias_coef * bias_max
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
         if FLOAT64_TIES:
-            tie = resolve & fp32_tie(sq_dist, sq_dist2, d)
+            tie = resolve & fp32_tie(sq_dist, sq_dist2, d, EPI_D)
             if tl.max(tie.to(tl.int32), axis=0) > 0:
                 # The fp32 sums' order is this launch's layout: float64 settles the pair the same
                 # way in every kernel, so the dense and pruned passes give a row on an fp32 tie one
@@ -698,7 +698,7 @@ def _tile(
                         sq_dist3 += tl.sum(diff3 * diff3, axis=1)
                     take3 = resolve3 & ((sq_dist3 < sq_dist) | ((sq_dist3 == sq_dist) & (label3 < label)))
                     if FLOAT64_TIES:  # as the best two's tie above
-                        tie = resolve3 & fp32_tie(sq_dist, sq_dist3, d)
+                        tie = resolve3 & fp32_tie(sq_dist, sq_dist3, d, EPI_D)
                         if tl.max(tie.to(tl.int32), axis=0) > 0:
                             dist_a = tl.zeros((BLOCK_N,), tl.float64)
                             dist_b = tl.zeros((BLOCK_N,), tl.float64)
@@ -813,7 +813,7 @@ def _tile(
                         diff = xr - tl.load(c32_ptr + cand64[:, None] * d + dims[None, :], mask=cand_mask, other=0.0)
                         dist_j += tl.sum(diff * diff, axis=1)
                     take_j = active & (dist_j < run_dist)
-                    tie = active & (run_dist < 3.0e38) & fp32_tie(run_dist, dist_j, d)
+                    tie = active & (run_dist < 3.0e38) & fp32_tie(run_dist, dist_j, d, TIE_D)
                     if tl.max(tie.to(tl.int32), axis=0) > 0:
                         run64 = run_label.to(tl.int64)
                         dist_a = tl.zeros((BLOCK_N,), tl.float64)
@@ -1482,7 +1482,7 @@ def _candidate_exact_kernel(
             # Candidates within fp32 rounding of the best are settled by float64 distances, as the
             # pass settles its best two (``_common.fp32_tie``).
             if FLOAT64_TIES:
-                near = valid & fp32_tie(dist, best[:, None], d)
+                near = valid & fp32_tie(dist, best[:, None], d, EPI_D)
                 tie = settle & (tl.sum(near.to(tl.int32), axis=1) > 1)
                 if tl.max(tie.to(tl.int32), axis=0) > 0:
                     near = near & tie[:, None]

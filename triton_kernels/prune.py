@@ -187,7 +187,7 @@ def _scan_kernel(
         # Ties go to the lowest index, as in the dense pass (the scan order is not index order).
         better = active & ((dist < best) | ((dist == best) & (cur < label)))
         if FLOAT64_TIES:
-            tie = active & fp32_tie(best, dist, d)
+            tie = active & fp32_tie(best, dist, d, DP)
             if tl.max(tie.to(tl.int32), axis=0) > 0:
                 # Settled by float64 distances, as the dense pass settles its fp32 ties.
                 c_best = tl.load(c_ptr + label.to(tl.int64)[:, None] * d + dims[None, :],

@@ -1786,12 +1786,14 @@ def test_one_centroid_tile_keeps_the_result(monkeypatch, precision, d, k):
 
 
 @pytest.mark.parametrize("search", ["lazy", "lazy1", "eager", "swap"])
-@pytest.mark.parametrize("d, k", [(17, 1000), (33, 7), (33, 1000), (129, 7)])
+@pytest.mark.parametrize("d, k", [(17, 1000), (33, 7), (33, 1000), (129, 7), (769, 7)])
 def test_exact_mode_settles_fp32_ties_by_float64_distances(d, k, search):
     """Rows whose best two direct fp32 distances lie within fp32 rounding take the float64 argmin
     of the fp32 values (lowest index on equal ones), whatever order the kernel sums features in:
     one label for every search, epilogue width and tile shape. (Without the float64 sweep, a
-    third to half of these rows went the other way in some search.)"""
+    third to half of these rows went the other way in some search.) At 769 features the window of
+    ``_common.fp32_tie``, taken from the epilogue's chunked sums, is about a tenth of d's: such rows
+    must still fall inside it."""
     n = 203
     x, c = fp32_tie_rows(n, d, k, seed=d * 1000 + k, device=DEVICE)
     dist = ((x.double().cpu()[:, None, :] - c.double().cpu()[None]) ** 2).sum(-1)
