@@ -301,8 +301,9 @@ FLOAT64_TIES = tl.constexpr(os.environ.get("TORCHKM_FLOAT64_TIES", "1") != "0")
 NEAR_SCORE_TIES = tl.constexpr(os.environ.get("TORCHKM_X3_TIES", "0") == "1")
 # ``fp32_tie``'s window from each kernel's chunked sums (default) or, with
 # ``TORCHKM_TIE_WINDOW=any``, from d roundings per distance, the bound of a sum in any order (wider:
-# at 1M x 768, k = 8192 it flagged about 0.9 % of N(0, 1) rows against 0.02 %, and a tile holding
-# one such row runs the float64 sweep over all its features). Read once, at import.
+# at 768 features, 8,192 N(0, 1) centroids it flagged 0.95 % of N(0, 1) rows against 0.06 %,
+# benchmarks/results/2026-12-07_cpu_s32_tie_window_count.txt, and a tile holding one such row runs
+# the float64 sweep over all its features). Read once, at import.
 TIE_WINDOW_ANY_ORDER = tl.constexpr(os.environ.get("TORCHKM_TIE_WINDOW", "chunks") == "any")
 # Features per chunk of that float64 sweep (its tiles of this width stay in registers beside the
 # epilogue's: sm_90 compiles at 4 and 8 used as many registers).
