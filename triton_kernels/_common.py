@@ -308,6 +308,10 @@ TIE_WINDOW_ANY_ORDER = tl.constexpr(os.environ.get("TORCHKM_TIE_WINDOW", "chunks
 # Features per chunk of that float64 sweep (its tiles of this width stay in registers beside the
 # epilogue's: sm_90 compiles at 4 and 8 used as many registers).
 TIE_D = tl.constexpr(8)
+# Features per step when a tile's few tied rows are settled one at a time instead (``assign._tile``):
+# each step loads one row's chunk and both centroids' across the whole program, a few values a
+# thread, so at 768 features a row takes 2 dependent steps where the tile-wide sweep took 96.
+TIE_ROW_D = tl.constexpr(512)
 
 
 @triton.jit

@@ -100,6 +100,7 @@ from ._common import (
     FLOAT64_TIES,
     NEAR_SCORE_TIES,
     TIE_D,
+    TIE_ROW_D,
     UPDATE_ATOMIC,
     UPDATE_CARRY,
     UPDATE_DELTA,
@@ -643,10 +644,45 @@ def _tile(
         take2 = resolve & ((sq_dist2 < sq_dist) | ((sq_dist2 == sq_dist) & (label2 < label)))
         if FLOAT64_TIES:
             tie = resolve & fp32_tie(sq_dist, sq_dist2, d, EPI_D)
+            # The fp32 sums' order is this launch's layout: float64 settles the pair the same way in
+            # every kernel, so the dense and pruned passes give a row on an fp32 tie one label.
+            if ONE_CHUNK == 0:
+                # Rows streamed in chunks of features (wide rows). A tile's few tied rows (usually
+                # one, where it has any) are settled one at a time first, each row's features
+                # spread over the whole program: a few dependent loads a row instead of the tile
+                # sweep's d / TIE_D. Such a launch runs one program an SM, so nothing hid that
+                # sweep: H100, 1M x 768, k = 8,192 bf16, float64 ties cost 0.6-1.2 ms of a 30 ms
+                # iteration (BENCHMARKS.md 2026-12-07). (Not compiled where whole rows fit one
+                # chunk: the sweep is short there, and the second path cost those launches up to
+                # 22 registers and some spills, sm_90, Triton 3.6.)
+                n_tie = tl.sum(tie.to(tl.int32), axis=0)
+                if n_tie * tl.cdiv(d, TIE_ROW_D) <= tl.cdiv(d, TIE_D):
+                    slot_ids = tl.arange(0, BLOCK_N)
+                    for _ in range(0, n_tie):
+                        slot = tl.min(tl.where(tie, slot_ids, BLOCK_N), axis=0)
+                        at = slot_ids == slot
+                        tie_row = tl.sum(tl.where(at, rows, 0), axis=0)
+                        label_a = tl.sum(tl.where(at, label, 0), axis=0).to(tl.int64)
+                        label_b = tl.sum(tl.where(at, label2, 0), axis=0).to(tl.int64)
+                        row_scale = tl.zeros((1,), tl.float32) + tl.sum(tl.where(at, scale, 0.0), axis=0)
+                        one_row = tl.full((1,), 1, tl.int1)
+                        row_a = tl.zeros((1,), tl.float64)
+                        row_b = tl.zeros((1,), tl.float64)
+                        for d0 in range(0, d, TIE_ROW_D):
+                            dims = d0 + tl.arange(0, TIE_ROW_D)
+                            dim_mask = dims < d
+                            xr = transform_rows(
+                                tl.load(x_ptr + tie_row * stride_xn + dims[None, :] * stride_xd, mask=dim_mask[None, :], other=0.0),
+                                one_row, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), row_scale,
+                                HAS_OFFSET, HAS_SCALE)
+                            row_a += sq_dist64_part(xr, tl.load(c32_ptr + label_a * d + dims[None, :],
+                                                                mask=dim_mask[None, :], other=0.0))
+                            row_b += sq_dist64_part(xr, tl.load(c32_ptr + label_b * d + dims[None, :],
+                                                                mask=dim_mask[None, :], other=0.0))
+                        take2 = tl.where(at, tl.sum(nearer64(row_a, row_b, label_a, label_b).to(tl.int32), axis=0) > 0,
+                                         take2)
+                        tie = tie & (slot_ids != slot)
             if tl.max(tie.to(tl.int32), axis=0) > 0:
-                # The fp32 sums' order is this launch's layout: float64 settles the pair the same
-                # way in every kernel, so the dense and pruned passes give a row on an fp32 tie one
-                # label.
                 dist_a = tl.zeros((BLOCK_N,), tl.float64)
                 dist_b = tl.zeros((BLOCK_N,), tl.float64)
                 for d0 in range(0, d, TIE_D):
