@@ -646,7 +646,7 @@ def _tile(
             tie = resolve & fp32_tie(sq_dist, sq_dist2, d, EPI_D)
             # The fp32 sums' order is this launch's layout: float64 settles the pair the same way in
             # every kernel, so the dense and pruned passes give a row on an fp32 tie one label.
-            if ONE_CHUNK == 0:
+            if ONE_CHUNK == 0 and not HAS_ROW_INDEX:
                 # Rows streamed in chunks of features (wide rows). A tile's few tied rows (usually
                 # one, where it has any) are settled one at a time first, each row's features
                 # spread over the whole program: a few dependent loads a row instead of the tile
@@ -654,7 +654,8 @@ def _tile(
                 # sweep: H100, 1M x 768, k = 8,192 bf16, float64 ties cost 0.6-1.2 ms of a 30 ms
                 # iteration (BENCHMARKS.md 2026-12-07). (Not compiled where whole rows fit one
                 # chunk: the sweep is short there, and the second path cost those launches up to
-                # 22 registers and some spills, sm_90, Triton 3.6.)
+                # 22 registers and some spills; nor in passes over row lists, the pruned engines',
+                # whose streamed launches then spilled 90-190 bytes more; sm_90, Triton 3.6.)
                 n_tie = tl.sum(tie.to(tl.int32), axis=0)
                 if n_tie * tl.cdiv(d, TIE_ROW_D) <= tl.cdiv(d, TIE_D):
                     slot_ids = tl.arange(0, BLOCK_N)
