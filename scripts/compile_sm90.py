@@ -124,6 +124,7 @@ if H.gluon is not None:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     H._search_kernel = Compiler(H._search_kernel, GluonASTSource)
+    H._streamed_kernel = Compiler(H._streamed_kernel, GluonASTSource)
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
@@ -171,7 +172,7 @@ def main():
     # the packed operands' torch reference for their launch).
     os.environ["TORCHKM_HOPPER_SEARCH"] = "reference"
     search_operands, H.search_operands = H.search_operands, H.search_operands_reference
-    for name in ("SIFT-like", "VQ-batch"):
+    for name in ("SIFT-like", "VQ-batch", "embeddings"):
         if name not in names:
             continue
         n, d, k = WORKLOADS[name]
@@ -186,7 +187,7 @@ def main():
     del os.environ["TORCHKM_HOPPER_SEARCH"]
     H.search_operands = search_operands
     # The Gluon search itself, as the passes above launch it on an H100 / H200.
-    for name in ("SIFT-like", "VQ-batch", "seed000-B"):
+    for name in ("SIFT-like", "VQ-batch", "seed000-B", "embeddings"):
         if name not in names:
             continue
         n, d, k = WORKLOADS[name]

@@ -2470,7 +2470,8 @@ class AssignPass:
             # TORCHKM_HOPPER_FAST=1 / 0: the fast mode takes it wherever supported / nowhere (A/B).
             fast_setting = os.environ.get("TORCHKM_HOPPER_FAST")
             fast_hopper = (fast_setting == "1" if fast_setting in ("0", "1") else
-                           x.dtype == torch.float32 or (hopper_search.packed(x, k) and d > 32))
+                           x.dtype == torch.float32 or (hopper_search.packed(x, k) and d > 32)
+                           or hopper_search.streamed(x))
             # A traced pass (torch.compile) keeps the tl.dot search unless ``TORCHKM_HOPPER_TRACED=1``,
             # which takes it through its op (``hopper_search.in_traced_passes``).
             self.hopper = (hopper_search.mode() is not None and not self.split

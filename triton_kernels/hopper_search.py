@@ -34,6 +34,13 @@ the bias and the row term, too large for fp16, enter as four fp16 parts each aga
 unpacked -> packed: fast 3.63 -> 2.47 ms (the fast mode took packed tf32 before), exact 4.08 ->
 3.40; 1M x 64: 1.97 -> 1.53 and 3.21 -> 2.39 (2026-11-27).
 
+16-bit rows of more than 256 features (``streamed``, ``_streamed_kernel``): a row tile no longer
+fits beside whole centroid tiles, so it stays resident in chunks of 64 features (128 rows of 768
+bf16 features: 192 KiB) and the centroid tiles stream past it chunk by chunk. The tl.dot search
+there streams rows and centroids alike, and its L2 traffic set its pace (``configs.assign_config``);
+a resident row tile leaves only the centroids' (two thirds of it at 128 x 256 tiles). Unpacked,
+one fold per centroid tile, which at 768 features is small beside the tile's twelve products.
+
 GPU-only: Gluon does not run under ``TRITON_INTERPRET=1``. ``supported`` says when the launcher
 applies; everything else takes the ``tl.dot`` search.
 """
@@ -68,7 +75,8 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
     gluon = None
 
 __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_in_graph", "search_operands",
-           "search_operands_reference", "search_reference", "supported", "traced", "in_traced_passes"]
+           "search_operands_reference", "search_reference", "streamed", "streamed_shape", "supported", "traced",
+           "in_traced_passes"]
 
 # Tile shapes: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16 per warp),
 # centroids its N; the row tile stays in shared memory beside the centroid stages; ``group``:
@@ -147,6 +155,45 @@ def _occupancy(size: int, d_pad: int, extra: int, config: tuple[int, int, int, i
     return min(stages, fit), 1
 
 
+# The streamed search (rows of more than 256 padded features, ``_streamed_kernel``): features a
+# chunk, centroids a tile, tiles a group (their folds but the last overlap the next tile's first
+# chunk), and at most this many stages. TORCHKM_HOPPER_STREAMED_CONFIG=BLOCK_K,BLOCK_D,STAGES,GROUP
+# (experiments; STAGES 0: as many as fit).
+_STREAMED_CONFIG = (64, 64, 8, 2)
+
+
+def streamed_shape(d: int, size: int = 2) -> tuple[int, int, int, int, int, int] | None:
+    """(rows, centroids, features a chunk, chunks, stages, group) of the streamed search over rows of
+    ``d`` features of ``size`` bytes, or None where no resident row tile leaves room for three
+    stages: 128 rows (two warpgroups) where they fit, else 64."""
+    block_k, block_d, max_stages, group = _STREAMED_CONFIG
+    spec = os.environ.get("TORCHKM_HOPPER_STREAMED_CONFIG")
+    if spec:
+        block_k, block_d, max_stages, group = (int(v) for v in spec.split(","))
+        max_stages = max_stages or 64
+    chunks = triton.cdiv(d, block_d)
+    for block_n in (128, 64):
+        stages = min(max_stages, (_SHARED_BYTES - block_n * chunks * block_d * size) // (block_k * block_d * size))
+        if stages >= 3:
+            return block_n, block_k, block_d, chunks, stages, group
+    return None
+
+
+STREAMED_DEFAULT = "0"
+
+
+def streamed(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+    """Whether ``search`` takes ``x``'s rows through the streamed search: 16-bit rows (read as they
+    are) of more than 256 padded features that ``streamed_shape`` fits, where
+    ``TORCHKM_HOPPER_STREAMED`` (default ``STREAMED_DEFAULT``) is 1; else those rows keep the
+    tl.dot search. Off by default until it is timed on a GPU."""
+    if os.environ.get("TORCHKM_HOPPER_STREAMED", STREAMED_DEFAULT) != "1":
+        return False
+    dtype = dtype or x.dtype
+    return (dtype == x.dtype and dtype in (torch.float16, torch.bfloat16) and _padded(x.shape[-1]) > 256
+            and streamed_shape(x.shape[-1], dtype.itemsize) is not None)
+
+
 def available() -> bool:
     """Whether this process can run the kernel: Gluon imported, a CUDA device of compute capability 9.x,
     and not the interpreter."""
@@ -172,7 +219,8 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
               dtype: torch.dtype | None = None) -> bool:
     """Whether ``search`` takes rows ``x`` and ``k`` centroids: 16- or 32-bit rows read as they are (no
     scale, no hi + lo centroids, no row list), contiguous and 16-byte aligned as TMA needs, the
-    padded row of 64 to 256 features (one tile in shared memory), and more
+    padded row of 64 to 256 features (one tile in shared memory) or 16-bit rows that ``streamed``
+    takes, and more
     than one centroid tile (one leaves nothing to overlap). The prepared centroids are contiguous
     (k, d) in x's dtype. ``dtype``: the search converts x's rows to that dtype as it loads them
     (fp16 operands for fp32 rows, ``search``'s ``half_scale``), so x's own layout does not matter."""
@@ -189,10 +237,12 @@ def supported(x: torch.Tensor, k: int, *, scaled: bool, split: bool, row_list: b
     # 0.290-0.318 ms. Since that search's packed keys and three stages, the exact fused pass there
     # takes 0.193 ms against the Hopper search's 0.201, and 2.60 against 2.85 at 3.9M rows, H200,
     # 2026-11-29; fp32 rows converted to fp16 were slower there too, kernels v20.)
-    if d_pad < 64 or d_pad > 256 or (d * size) % 16:
+    if d_pad < 64 or (d * size) % 16 or (d_pad > 256 and not streamed(x, dtype)):
         return False
     if dtype == x.dtype and (x.stride(1) != 1 or (x.stride(0) * size) % 16 or not _aligned(x)):
         return False
+    if d_pad > 256:
+        return n > 0 and k > streamed_shape(d, size)[1]
     config = _config(size, d_pad)
     if min(_occupancy(size, d_pad, 16, _config(size, d_pad, check))[0] for check in (False, True)) < 2:
         return False  # an experiment's config that leaves no room for two stages
@@ -646,6 +696,137 @@ if gluon is not None:
             gl.store(fourth_ptr + rows, fourth, mask=row_mask)
 
 
+    # Rows too wide for one tile in shared memory beside whole centroid tiles (16-bit rows of more
+    # than 256 features): the row tile stays resident as ND chunks of BLOCK_D features, and the
+    # centroid tiles stream past it chunk by chunk through a ring of STAGES (centroids x chunk)
+    # stages, one product a chunk into the tile's accumulator. Why: the tl.dot search streams rows
+    # and centroids alike, and at 768 features its L2 traffic set its pace (configs.assign_config);
+    # a resident tile of 128 rows reads only the centroids, 1/128 operand bytes a product against
+    # 1/128 + 1/256 for the tl.dot search's 128 x 256 tiles. ``streamed_shape`` sizes it.
+    @gluon.jit
+    def _stream_fill(c_desc, c_smem, ready, s, step, pred, ND: gl.constexpr):
+        # Step ``step`` of the centroid stream (centroid tile step // ND, feature chunk step % ND).
+        BLOCK_K: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_D: gl.constexpr = c_desc.block_type.shape[1]
+        mbarrier.expect(ready.index(s), c_desc.block_type.nbytes, pred=pred)
+        _tma_load(c_desc, [(step // ND) * BLOCK_K, (step % ND) * BLOCK_D], ready.index(s), c_smem.index(s),
+                  pred=pred)
+
+    @gluon.jit
+    def _stream_issue(x_smem, c_smem, ready, acc, t, q, STAGES: gl.constexpr):
+        # Stream step t (feature chunk q of its tile), asynchronous, once its stage is filled.
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        return warpgroup_mma(x_smem.index(q), c_smem.index(s).permute((1, 0)), acc, use_acc=q > 0, is_async=True)
+
+    @gluon.jit
+    def _stream_refill(c_desc, c_smem, ready, t, steps, ND: gl.constexpr, STAGES: gl.constexpr):
+        # Step t's stage, once both warpgroups' products of it are done, with step t + STAGES.
+        _thread_barrier()
+        _stream_fill(c_desc, c_smem, ready, t % STAGES, t + STAGES, t + STAGES < steps, ND)
+
+    @gluon.jit
+    def _stream_first(x_smem, c_smem, ready, zero, j, ND: gl.constexpr, STAGES: gl.constexpr):
+        # Tile j's first chunk, issued; as a tensor (a wait that leaves it in flight): the type the
+        # chunk loop carries.
+        pending = _stream_issue(x_smem, c_smem, ready, zero, j * ND, 0, STAGES)
+        return warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
+
+    @gluon.jit
+    def _stream_rest(acc, x_smem, c_desc, c_smem, ready, j, steps, ND: gl.constexpr, STAGES: gl.constexpr):
+        # Chunks 1 .. ND - 1 of tile j onto its first chunk's product (in flight), each issued before
+        # the previous one is retired; returns with the last one in flight. A loop, not unrolled:
+        # unrolled, ptxas kept every chunk's descriptors live (255 registers and spills).
+        for q in range(1, ND):
+            t = j * ND + q
+            acc = _stream_issue(x_smem, c_smem, ready, acc, t, q, STAGES)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            _stream_refill(c_desc, c_smem, ready, t - 1, steps, ND, STAGES)
+        return acc
+
+    @gluon.jit
+    def _streamed_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
+                         label3_ptr, fourth_ptr, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr,
+                         GROUP: gl.constexpr, CHECK: gl.constexpr, HAS_CONTROL: gl.constexpr,
+                         num_warps: gl.constexpr):
+        if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+            if gl.load(control_ptr) == 0:
+                _streamed_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
+                               label3_ptr, fourth_ptr, n, k, ND, STAGES, GROUP, CHECK, num_warps)
+        else:
+            _streamed_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
+                           label3_ptr, fourth_ptr, n, k, ND, STAGES, GROUP, CHECK, num_warps)
+
+    @gluon.jit
+    def _streamed_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                       fourth_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+                       CHECK: gl.constexpr, num_warps: gl.constexpr):
+        BLOCK_N: gl.constexpr = x_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_D: gl.constexpr = c_desc.block_type.shape[1]
+        INSTR_K: gl.constexpr = 16  # 16-bit operands only
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_K, INSTR_K])
+        row0 = gl.program_id(0) * BLOCK_N
+        n_tiles = gl.cdiv(k, BLOCK_K)
+        steps = n_tiles * ND
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [ND, BLOCK_N, BLOCK_D], x_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [STAGES, BLOCK_K, BLOCK_D], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        x_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(x_ready, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        mbarrier.expect(x_ready, ND * x_desc.block_type.nbytes)
+        for q in gl.static_range(ND):
+            _tma_load(x_desc, [row0, q * BLOCK_D], x_ready, x_smem.index(q))
+        for s in gl.static_range(STAGES):
+            _stream_fill(c_desc, c_smem, ready, s, s, s < steps, ND)
+
+        cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+        best_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
+        tile_t = gl.full([BLOCK_N, BLOCK_K], 0, gl.int32, layout)
+        second_t = gl.full([BLOCK_N, BLOCK_K], float("inf"), gl.float32, layout)
+        zero = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
+        mbarrier.wait(x_ready, 0)
+        # Tiles in groups of GROUP: within a group, tile i's fold runs while tile i + 1's first chunk
+        # is in flight (the group's last fold does not overlap). No product is in flight across the
+        # outer loop's back edge (C7514, see ``_search_rows``).
+        for p in range(n_tiles // GROUP):
+            j = GROUP * p
+            pending = _stream_first(x_smem, c_smem, ready, zero, j, ND, STAGES)
+            for i in gl.static_range(GROUP):
+                # The bias before the products, so that its latency hides behind them.
+                bias = gl.load(bias_ptr + (j + i) * BLOCK_K + cols, mask=(j + i) * BLOCK_K + cols < k,
+                               other=float("inf"))
+                pending = _stream_rest(pending, x_smem, c_desc, c_smem, ready, j + i, steps, ND, STAGES)
+                last = (j + i) * ND + ND - 1
+                if i < GROUP - 1:
+                    following = _stream_issue(x_smem, c_smem, ready, zero, (j + i + 1) * ND, 0, STAGES)
+                    acc, following = warpgroup_mma_wait(num_outstanding=1, deps=(pending, following))
+                    _stream_refill(c_desc, c_smem, ready, last, steps, ND, STAGES)
+                    best_t, tile_t, second_t = _fold_tile(acc, bias, j + i, best_t, tile_t, second_t, CHECK, False,
+                                                          1)
+                    pending = following
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
+                    _stream_refill(c_desc, c_smem, ready, last, steps, ND, STAGES)
+                    best_t, tile_t, second_t = _fold_tile(acc, bias, j + i, best_t, tile_t, second_t, CHECK, False,
+                                                          1)
+        for j in range(n_tiles - n_tiles % GROUP, n_tiles):  # the last tiles, one at a time
+            bias = gl.load(bias_ptr + j * BLOCK_K + cols, mask=j * BLOCK_K + cols < k, other=float("inf"))
+            pending = _stream_first(x_smem, c_smem, ready, zero, j, ND, STAGES)
+            pending = _stream_rest(pending, x_smem, c_desc, c_smem, ready, j, steps, ND, STAGES)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
+            _stream_refill(c_desc, c_smem, ready, j * ND + ND - 1, steps, ND, STAGES)
+            best_t, tile_t, second_t = _fold_tile(acc, bias, j, best_t, tile_t, second_t, CHECK, False, 1)
+        mbarrier.invalidate(x_ready)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+        _store_record(best_t, tile_t, second_t, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                      fourth_ptr, row0, n, BLOCK_N, BLOCK_K, CHECK, layout)
+
+
 _GL_DTYPE = {}
 
 
@@ -691,6 +872,8 @@ def packed(x: torch.Tensor, k: int, *, half: bool = False) -> bool:
     if setting == "0" or (half and setting == "no-half") or x.dtype not in (torch.float32, torch.bfloat16):
         return False
     if half and x.dtype != torch.float32:
+        return False
+    if _padded(x.shape[-1]) > 256:  # the streamed search folds scores as they are (``_fold_tile``)
         return False
     return tile_bits(k, x.element_size(), x.shape[-1]) <= _MAX_TILE_BITS
 
@@ -833,6 +1016,9 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         return
     n, d = x.shape
     k = c_mma.shape[0]
+    if not half and _padded(d) > 256:
+        _search_streamed(x, c_mma, bias, out, check=check, control=control)
+        return
     rows_dtype = c_mma.dtype if half else x.dtype
     size = rows_dtype.itemsize
     d_pad = _padded(d)
@@ -876,6 +1062,25 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size, d) if is_packed else 1,
         HAS_OFFSET=offset is not None and is_packed, HALF=half, CENTRED=centred, num_warps=warps, **options,
     )
+
+
+def _search_streamed(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
+                     control: torch.Tensor | None) -> None:
+    """``search`` over 16-bit rows of more than 256 padded features (``_streamed_kernel``)."""
+    n, d = x.shape
+    block_n, block_k, block_d, chunks, stages, group = streamed_shape(d, x.element_size())
+    dtype = _gl_dtype(x.dtype)
+    x_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_d], dtype)
+    c_layout = gl.NVMMASharedLayout.get_default_for([block_k, block_d], dtype)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, block_d], x_layout)
+    c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, block_d], c_layout)
+    labels = out.view(torch.int32)
+    rest = ((out[2], labels[3], out[4], labels[5], out[6]) if check
+            else (out[0], labels[0], out[0], labels[0], out[0]))
+    _streamed_kernel[(triton.cdiv(n, block_n),)](
+        x_desc, c_desc, bias, out[0], labels[1], *rest, bias if control is None else control, n, c_mma.shape[0],
+        ND=chunks, STAGES=stages, GROUP=group, CHECK=1 if check else 0, HAS_CONTROL=control is not None,
+        num_warps=block_n // 16)
 
 
 def _search_op_impl(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, records: torch.Tensor, slot: int,

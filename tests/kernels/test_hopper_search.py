@@ -20,6 +20,12 @@ from tests.kernels.test_assign import (
 ON_HOPPER = ON_GPU and hopper_search.available()
 
 
+@pytest.fixture(autouse=True)
+def streamed_on(monkeypatch):
+    """The streamed search taken where it applies (``hopper_search.streamed``), whatever its default."""
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "1")
+
+
 @pytest.fixture
 def searched(monkeypatch):
     """Passes take the search record from ``search_reference``; returns the list of its calls."""
@@ -78,14 +84,47 @@ def test_supported_takes_only_rows_the_kernel_handles():
     assert hopper_search.supported(torch.zeros(10, 256), 1000, scaled=False, split=False, row_list=False)
     assert hopper_search.supported(torch.zeros(10, 200), 1000, scaled=False, split=False, row_list=False)
     assert not hopper_search.supported(torch.zeros(10, 512), 1000, scaled=False, split=False, row_list=False)
-    assert not hopper_search.supported(torch.zeros(10, 512, dtype=torch.bfloat16), 1000, scaled=False, split=False,
-                                       row_list=False)
+    # 16-bit rows wider than 256 padded features: the streamed search, where its row tile fits.
+    for features in (312, 512, 768, 1600):
+        assert hopper_search.supported(torch.zeros(10, features, dtype=torch.bfloat16), 1000, scaled=False,
+                                       split=False, row_list=False)
+    assert hopper_search.supported(torch.zeros(10, 1000, dtype=torch.float16), 1000, scaled=False, split=False,
+                                   row_list=False)
+    assert not hopper_search.supported(torch.zeros(10, 1608, dtype=torch.bfloat16), 1000, scaled=False, split=False,
+                                       row_list=False)  # no room for the row tile
+    assert not hopper_search.supported(torch.zeros(10, 768, dtype=torch.bfloat16), 64, scaled=False, split=False,
+                                       row_list=False)  # one centroid tile
+    assert not hopper_search.supported(torch.zeros(10, 768), 1000, scaled=False, split=False, row_list=False,
+                                       dtype=torch.float16)  # fp32 rows converted: not streamed
     assert not hopper_search.supported(torch.zeros(10, 256)[:, ::2], 1000, scaled=False, split=False,
                                        row_list=False)  # strided features
     assert not hopper_search.supported(torch.zeros(10, 129)[:, 1:], 1000, scaled=False, split=False,
                                        row_list=False)  # rows not 16-byte aligned
     assert not hopper_search.supported(torch.zeros(10, 128, dtype=torch.float64), 1000, scaled=False, split=False,
                                        row_list=False)
+
+
+def test_streamed_shape_fits_shared_memory(monkeypatch):
+    """The streamed search's resident row tile and at least three centroid stages fit an sm_90
+    block's shared memory: 128 rows where they fit, else 64, else none; the switch turns it off and
+    the experiments' config sets the tiles."""
+    monkeypatch.delenv("TORCHKM_HOPPER_STREAMED_CONFIG", raising=False)
+    for d in (257, 300, 512, 768, 776, 1000, 1536, 1600, 1608, 2048):
+        shape = hopper_search.streamed_shape(d)
+        assert (shape is None) == (d > 1600)
+        if shape is None:
+            continue
+        block_n, block_k, block_d, chunks, stages, _ = shape
+        assert chunks * block_d >= d and stages >= 3
+        assert block_n == (128 if d <= 768 else 64)
+        assert (block_n * chunks + stages * block_k) * block_d * 2 <= hopper_search._SHARED_BYTES
+    rows = torch.zeros(10, 768, dtype=torch.bfloat16)
+    assert hopper_search.streamed(rows) and not hopper_search.packed(rows, 8192)
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED_CONFIG", "64,32,0,1")
+    assert hopper_search.streamed_shape(768) == (128, 64, 32, 24, 8, 1)
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "0")
+    assert not hopper_search.streamed(rows)
+    assert not hopper_search.supported(rows, 1000, scaled=False, split=False, row_list=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -230,6 +269,33 @@ def test_searched_pass_matches_float64(searched, monkeypatch, d, k, chunk):
     assert len(searched) == (3 if chunk else 1), "the pass did not take the search record chunk by chunk"
 
 
+@pytest.mark.parametrize("chunk", [None, 128])
+def test_searched_pass_over_streamed_rows_matches_float64(searched, monkeypatch, chunk):
+    """16-bit rows wider than 256 features (the streamed search's): the exact pass over its record,
+    weighted, centred, with previous labels and sums, in one chunk or in chunks of 128 rows (fp16:
+    the interpreter's bf16 is not the GPU's), against float64."""
+    if chunk:
+        monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk))
+    n, d, k = 300, 312, 200
+    x, c = _data(n, d, k, seed=13, dtype=torch.float16)
+    w = torch.rand(n, device=DEVICE)
+    offset = torch.randn(d, device=DEVICE)
+    prev = torch.randint(0, k, (n,), device=DEVICE)
+    sums = torch.zeros(k, d, device=DEVICE)
+    counts = torch.zeros(k, device=DEVICE)
+    out = assign(x, c, precision="exact", offset=offset, raw_norms=x.float().norm(dim=1), sample_weight=w,
+                 prev_labels=prev, sums=sums, counts=counts)
+    assert len(searched) == (3 if chunk else 1), "the pass did not take the search record chunk by chunk"
+    xf = x.float()
+    _check_labels(xf - offset, c, out.labels, "exact")
+    ref_sums, ref_counts = update_reference(xf, out.labels, k, sample_weight=w, offset=offset)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
+    assert int(out.changed) == int((out.labels != prev).sum())
+    direct = (((xf - offset).double() - c.double()[out.labels]) ** 2).sum(1)
+    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
+
+
 def test_epilogue_shape(monkeypatch):
     """The epilogue after the search runs 64-row programs of four warps (the tl.dot configs' tiles
     of 128-256 rows stay with the tl.dot search); the persistent one-hot carry keeps its config's;
@@ -278,15 +344,17 @@ def test_fast_pass_in_chunks(searched, monkeypatch):
 
 
 @pytest.mark.parametrize(("dtype", "d"), [(torch.float32, 64), (torch.float16, 64), (torch.float16, 24),
-                                        (torch.float16, 32), (torch.float32, 32)])
+                                        (torch.float16, 32), (torch.float32, 32), (torch.float16, 312),
+                                        (torch.float16, 520)])
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 def test_searched_pass_labels_and_distances(searched, precision, dtype, d):
     n, k = 301, 300
     x, c = _data(n, d, k, seed=7, dtype=dtype)
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
-    # The fast mode keeps the tl.dot search for fp16 rows (measured as fast); rows of at most 32
-    # features keep it in both modes (``hopper_search.supported``).
-    assert bool(searched) == (d > 32 and (precision == "exact" or dtype == torch.float32))
+    # The fast mode keeps the tl.dot search for fp16 rows of at most 256 features (measured as
+    # fast); rows of at most 32 features keep it in both modes (``hopper_search.supported``); 16-bit
+    # rows wider than 256 take the streamed search in both, their epilogue streaming features too.
+    assert bool(searched) == (d > 32 and (precision == "exact" or dtype == torch.float32 or d > 256))
     _check_labels(x.float(), c, out.labels, precision, input_dtype=dtype)
     direct = ((x.double() - c.double()[out.labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
@@ -350,6 +418,8 @@ def test_row_lists_and_scaled_rows_keep_the_tl_dot_search(searched):
     (torch.bfloat16, 24, 1000), (torch.bfloat16, 32, 4099), (torch.bfloat16, 64, 1000), (torch.bfloat16, 128, 300),
     (torch.bfloat16, 256, 4099), (torch.float16, 32, 1000), (torch.float16, 128, 1000), ("fp16 operands", 64, 1000), ("fp16 operands", 128, 4099),
     ("fp16 operands", 256, 4099),
+    # the streamed search: 128-row programs (768 features), 64-row ones (1000), a partial chunk (312)
+    (torch.bfloat16, 768, 4099), (torch.float16, 312, 1000), (torch.bfloat16, 1000, 300),
 ])
 def test_kernel_matches_reference(dtype, d, k, check):
     """Fresh random rows each run; every slot of the record poisoned first. The record's contract (the
@@ -420,7 +490,8 @@ def test_kernel_matches_reference(dtype, d, k, check):
         assert (scores.gather(1, labels[3][:, None]).squeeze(1) >= top[:, 1] - tol - slack).all()
         assert (record[4] <= top[:, 2] + tol).all()
         assert (record[4] >= top[:, 1] - tol - slack).all()
-        block_k = hopper_search._config(rows.element_size())[1]
+        block_k = (hopper_search.streamed_shape(d)[1] if hopper_search.streamed(rows)
+                   else hopper_search._config(rows.element_size())[1])
         other_slot = order[:, 1] % block_k != order[:, 0] % block_k
         clear2 = clear & other_slot & ((top[:, 2] - top[:, 1]) > 2 * (tol + slack))
         assert (labels[3][clear2] == order[:, 1][clear2]).all()
@@ -478,11 +549,12 @@ def test_row_second_and_three_programs_keep_the_record(monkeypatch, dtype, d, k)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
-def test_kernel_skips_a_frozen_iteration():
+@pytest.mark.parametrize(("dtype", "d"), [(torch.float32, 128), (torch.bfloat16, 768)])
+def test_kernel_skips_a_frozen_iteration(dtype, d):
     from torchkm._kernels.centroids import prepare_centroids
 
-    x = torch.randn(1000, 128, device="cuda")
-    c = torch.randn(300, 128, device="cuda")
+    x = torch.randn(1000, d, device="cuda").to(dtype)
+    c = torch.randn(300, d, device="cuda")
     prepared = prepare_centroids(c, None, x.dtype, fast=True, split=False, exact=False)
     out = torch.full((hopper_search.record_rows(True), 1000), float("nan"), device="cuda")
     hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=True,
@@ -502,12 +574,14 @@ def test_kernel_skips_a_frozen_iteration():
                                                     (30_001, 64, 1000, torch.float32),
                                                     (30_001, 64, 1000, torch.float16),
                                                     (245_760, 32, 1024, torch.bfloat16),
-                                                    (30_001, 24, 1000, torch.float16)])
+                                                    (30_001, 24, 1000, torch.float16),
+                                                    (20_000, 768, 4096, torch.bfloat16),
+                                                    (20_001, 520, 1000, torch.float16)])
 def test_default_pass_takes_the_kernel(precision, n, d, k, dtype):
     x = torch.randn(n, d, device="cuda").to(dtype)
     c = x[:k].float()
     p = AssignPass(x, k, precision, update=True)
-    assert p.hopper == (d > 32 and (precision == "exact" or dtype in (torch.float32, torch.bfloat16)))
+    assert p.hopper == (d > 32 and (precision == "exact" or dtype in (torch.float32, torch.bfloat16) or d > 256))
     out = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
     sample = torch.arange(0, n, 97, device="cuda")
     _check_labels(x[sample].float(), c, out.labels[sample], precision, input_dtype=dtype)

@@ -1,0 +1,150 @@
+"""The streamed Hopper search (16-bit rows of more than 256 features, row tile resident in shared
+memory) against the tl.dot search, in one process, e.g. at 1M x 768, k = 8192.
+
+For bf16 rows: the floor (the products' FLOPs at the bf16 GEMM rate measured in the same run),
+cuBLAS ``x @ c.T``, the fused pass (``AssignPass``, replayed in a CUDA graph) fast and exact, with
+and without sums, on the tl.dot search (``TORCHKM_HOPPER_STREAMED=0``) and on the streamed search;
+then the streamed search alone at each ``--configs`` entry (``TORCHKM_HOPPER_STREAMED_CONFIG``),
+its record checked first (NaN-poisoned, against a float64 argmin on sampled rows: labels beyond
+near-ties, and the exact record's runner-up and bounds). Every pass's labels are checked against
+float64 (``bench_lloyd.check``). Fresh random rows each run. Prints a table and writes JSON.
+
+    python scripts/diag_resident_search.py [--n 1000000 --d 768 --k 8192] [--configs 64,64,0,2 ...]
+        [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+
+def labels_off_pct(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, record: torch.Tensor) -> float:
+    """Percent of 8192 sampled rows whose record label is not the float64 argmin beyond near-ties (a
+    gap under 1e-3 of the row's score scale); 100 where a sampled slot was not written."""
+    rows = torch.randint(0, x.shape[0], (8192,), device=x.device)
+    scores = bias.double()[None, :] + x[rows].double() @ c_mma.double().T
+    top = scores.topk(2, dim=1, largest=False).values
+    got = record.view(torch.int32)[1, rows].long()
+    if bool(((got < 0) | (got >= bias.shape[0])).any()) or bool(record[0, rows].isnan().any()):
+        return 100.0
+    near = (top[:, 1] - top[:, 0]) < 1e-3 * scores.abs().max(dim=1).values
+    wrong = (scores.gather(1, got[:, None]).squeeze(1) > top[:, 0]) & ~near
+    return 100.0 * float(wrong.double().mean())
+
+
+def record_bounds_off_pct(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, record: torch.Tensor) -> float:
+    """Percent of 4096 sampled rows whose exact record breaks what the pass relies on (float64 scores,
+    a slack of 1e-4 of the row's score scale for the fp32 products): ``label2``'s score is the
+    least but the best's, ``third`` at most every score but the best two's, ``fourth`` at most every
+    score but the three named."""
+    rows = torch.randint(0, x.shape[0], (4096,), device=x.device)
+    scores = bias.double()[None, :] + x[rows].double() @ c_mma.double().T
+    slack = 1e-4 * scores.abs().max(dim=1).values
+    labels = record.view(torch.int32)[:, rows].long()
+    if bool(((labels[3] < 0) | (labels[3] >= bias.shape[0])).any()) or bool(record[[2, 4, 6]][:, rows].isnan().any()):
+        return 100.0
+    inf = torch.full_like(scores, float("inf"))
+    but_best = scores.scatter(1, labels[1][:, None], inf)
+    bad = scores.gather(1, labels[3][:, None]).squeeze(1) > but_best.min(dim=1).values + slack
+    others = but_best.scatter(1, labels[3][:, None], inf)
+    bad |= record[4, rows].double() > others.min(dim=1).values + slack
+    rest = others.scatter(1, labels[5].clamp_min(0)[:, None], inf)
+    bad |= (labels[5] >= 0) & (record[6, rows].double() > rest.min(dim=1).values + slack)
+    return 100.0 * float(bad.double().mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--d", type=int, default=768)
+    parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--configs", nargs="*", default=["64,64,0,1", "64,64,0,2", "64,32,0,2", "128,32,0,1"],
+                        help="TORCHKM_HOPPER_STREAMED_CONFIG values BLOCK_K,BLOCK_D,STAGES,GROUP (STAGES 0: as "
+                             "many as fit)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    from bench_lloyd import ceilings, check, graph_ms, labels_off
+    from torchkm._kernels import hopper_search
+    from torchkm._kernels.centroids import prepare_centroids
+
+    from scripts.diag_exact_bound import env
+    from scripts.diag_streamed import gemm_ms, pass_ms
+
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "n": args.n, "d": args.d, "k": args.k}
+    print(meta, flush=True)
+    rates = ceilings()
+    floor = 2 * args.n * args.k * args.d / (rates["bf16_TFLOPs"] * 1e12) * 1e3
+    rows = [{"variant": "floor (products at the measured bf16 rate)", "ms": floor, **rates}]
+    seed = int(time.time())
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(args.n, args.d, device="cuda", generator=g).bfloat16()
+    c = x[torch.randint(0, args.n, (args.k,), device="cuda", generator=g)].float()
+    rows.append({"variant": "cuBLAS x @ c.T (bf16 out, row chunks)", "ms": gemm_ms(x, c)})
+
+    def show(row):
+        value = row.get("ms")
+        print(f"{row['variant']:<58} {value if value is None else round(value, 3)!s:>8} ms"
+              + (f"  x floor {value / floor:.2f}" if value else "")
+              + "".join(f"  {key}={row[key]}" for key in ("labels_off_beyond_ties_pct", "record_bounds_off_pct",
+                                                         "check", "error") if key in row), flush=True)
+
+    show(rows[0])
+    show(rows[1])
+    for search, setting in (("tl.dot", "0"), ("streamed", "1")):
+        with env(TORCHKM_HOPPER_STREAMED=setting):
+            for precision in ("fast", "exact"):
+                for update in (False, True):
+                    row = {"variant": f"{precision} pass, {'with' if update else 'no'} sums, {search} search"}
+                    try:
+                        row["ms"] = pass_ms(x, c, precision, 5, update=update)
+                        if update and precision == "exact":
+                            row["check"] = check(x, c)
+                        elif update:
+                            from torchkm._kernels.assign import assign
+
+                            sample = torch.randint(0, args.n, (8192,), device="cuda")
+                            labels = assign(x, c, precision="fast", store_sq_dist=False).labels
+                            row["labels_off_beyond_ties_pct"] = labels_off(x[sample].double(), c.double(),
+                                                                           labels[sample])[1]
+                    except Exception as e:  # noqa: BLE001 - report and go on
+                        row["error"] = repr(e)[:500]
+                    rows.append(row)
+                    show(row)
+    prepared = prepare_centroids(c.contiguous(), None, x.dtype, fast=True, split=False, exact=False)
+    c_mma, bias = prepared.c_mma, prepared.bias
+    for spec in args.configs:
+        with env(TORCHKM_HOPPER_STREAMED_CONFIG=spec):
+            for exact in (False, True):
+                row = {"variant": f"streamed search alone, {'exact' if exact else 'fast'}, config {spec}",
+                       "shape": hopper_search.streamed_shape(args.d)}
+                record = torch.full((7, args.n), float("nan"), device="cuda")
+                record.view(torch.int32)[[1, 3, 5]] = -7
+                try:
+                    hopper_search.search(x, c_mma, bias, record, check=exact)
+                    torch.cuda.synchronize()
+                    row["labels_off_beyond_ties_pct"] = labels_off_pct(x, c_mma, bias, record)
+                    if exact:
+                        row["record_bounds_off_pct"] = record_bounds_off_pct(x, c_mma, bias, record)
+                    row["ms"] = graph_ms(lambda: hopper_search.search(x, c_mma, bias, record, check=exact), calls=5)
+                except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is reported
+                    row["error"] = repr(e)[:500]
+                rows.append(row)
+                show(row)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"meta": meta, "seed": seed, "rows": rows}, fh, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
