@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=["64,64,0,1", "64,64,0,2", "64,32,0,2", "128,32,0,1"],
                         help="TORCHKM_HOPPER_STREAMED_CONFIG values BLOCK_K,BLOCK_D,STAGES,GROUP (STAGES 0: as "
                              "many as fit)")
+    parser.add_argument("--sums", nargs="*", default=["no", "with"], choices=["no", "with"],
+                        help="time the passes without and / or with their sums")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     from bench_lloyd import ceilings, check, graph_ms, labels_off
@@ -104,7 +106,7 @@ def main() -> None:
     for search, setting in (("tl.dot", "0"), ("streamed", "1")):
         with env(TORCHKM_HOPPER_STREAMED=setting):
             for precision in ("fast", "exact"):
-                for update in (False, True):
+                for update in [kind == "with" for kind in args.sums]:
                     row = {"variant": f"{precision} pass, {'with' if update else 'no'} sums, {search} search"}
                     try:
                         row["ms"] = pass_ms(x, c, precision, 5, update=update)
