@@ -40,6 +40,14 @@ bf16 features: 192 KiB) and the centroid tiles stream past it chunk by chunk. Th
 there streams rows and centroids alike, and its L2 traffic set its pace (``configs.assign_config``);
 a resident row tile leaves only the centroids' (two thirds of it at 128 x 256 tiles). Unpacked,
 one fold per centroid tile, which at 768 features is small beside the tile's twelve products.
+Measured slower, so off by default (``streamed``): H100, 1M x 768, k = 8192, bf16, fused pass with
+sums replayed (scripts/diag_resident_search.py, 2026-12-07), tl.dot / streamed search: fast 27.15
+/ 28.18 ms, exact 28.41 / 30.20; the streamed search alone 26.9 ms fast (64-centroid tiles, folds
+overlapped) and 25.8 (128-centroid tiles in 32-feature chunks), against a floor of 16.7 and
+cuBLAS's product alone at 19.4. Less L2 traffic did not make it faster. Not profiled; a likely
+reason: its 64- or 128-wide products read both operands from shared memory, 32 or 43 FLOP a byte
+(at 32 an SM's shared memory just feeds the tensor cores' peak), against 51 for the tl.dot
+search's 256-wide ones. 256-centroid tiles would leave room for two stages of 32 features.
 
 GPU-only: Gluon does not run under ``TRITON_INTERPRET=1``. ``supported`` says when the launcher
 applies; everything else takes the ``tl.dot`` search.
@@ -179,6 +187,7 @@ def streamed_shape(d: int, size: int = 2) -> tuple[int, int, int, int, int, int]
     return None
 
 
+# Off: measured slower than the tl.dot search (see the module's docstring).
 STREAMED_DEFAULT = "0"
 
 
@@ -186,7 +195,7 @@ def streamed(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     """Whether ``search`` takes ``x``'s rows through the streamed search: 16-bit rows (read as they
     are) of more than 256 padded features that ``streamed_shape`` fits, where
     ``TORCHKM_HOPPER_STREAMED`` (default ``STREAMED_DEFAULT``) is 1; else those rows keep the
-    tl.dot search. Off by default until it is timed on a GPU."""
+    tl.dot search. Off by default: slower there at 1M x 768 (the module's docstring)."""
     if os.environ.get("TORCHKM_HOPPER_STREAMED", STREAMED_DEFAULT) != "1":
         return False
     dtype = dtype or x.dtype
