@@ -123,24 +123,25 @@ def test_one_chunk_kinds():
     assert _one_chunk({"BLOCK_D": 64, "BLOCK_K": 64}, 2**26, 64) == 1  # k d past 32-bit offsets
 
 
-def _check_fused_pass(d, k, seed, config=None):
-    """One exact pass of weighted, centred rows with previous labels and sums: labels, sums, counts,
-    changed labels, distances and inertia against float64."""
+def _check_fused_pass(d, k, seed, config=None, dtype=torch.float32):
+    """One exact pass of weighted, centred rows (of ``dtype``) with previous labels and sums: labels,
+    sums, counts, changed labels, distances and inertia against float64."""
     n = 300  # several tiles per persistent program under the interpreter (4 programs)
-    x, c = _data(n, d, k, seed=seed)
+    x, c = _data(n, d, k, seed=seed, dtype=dtype)
+    xf = x.float()
     w = torch.rand(n, device=DEVICE)
     offset = torch.randn(d, device=DEVICE)
     prev = torch.randint(0, k, (n,), device=DEVICE)
     sums = torch.zeros(k, d, device=DEVICE)
     counts = torch.zeros(k, device=DEVICE)
-    out = assign(x, c, precision="exact", offset=offset, raw_norms=x.norm(dim=1), sample_weight=w,
+    out = assign(x, c, precision="exact", offset=offset, raw_norms=xf.norm(dim=1), sample_weight=w,
                  prev_labels=prev, sums=sums, counts=counts, config=config)
-    _check_labels(x - offset, c, out.labels, "exact")
-    ref_sums, ref_counts = update_reference(x, out.labels, k, sample_weight=w, offset=offset)
+    _check_labels(xf - offset, c, out.labels, "exact")
+    ref_sums, ref_counts = update_reference(xf, out.labels, k, sample_weight=w, offset=offset)
     torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
     assert int(out.changed) == int((out.labels != prev).sum())
-    direct = (((x - offset).double() - c.double()[out.labels]) ** 2).sum(1)
+    direct = (((xf - offset).double() - c.double()[out.labels]) ** 2).sum(1)
     torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.inertia.double(), direct @ w.double(), rtol=1e-5, atol=1e-4)
 

@@ -276,24 +276,8 @@ def test_searched_pass_over_streamed_rows_matches_float64(searched, monkeypatch,
     the interpreter's bf16 is not the GPU's), against float64."""
     if chunk:
         monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk))
-    n, d, k = 300, 312, 200
-    x, c = _data(n, d, k, seed=13, dtype=torch.float16)
-    w = torch.rand(n, device=DEVICE)
-    offset = torch.randn(d, device=DEVICE)
-    prev = torch.randint(0, k, (n,), device=DEVICE)
-    sums = torch.zeros(k, d, device=DEVICE)
-    counts = torch.zeros(k, device=DEVICE)
-    out = assign(x, c, precision="exact", offset=offset, raw_norms=x.float().norm(dim=1), sample_weight=w,
-                 prev_labels=prev, sums=sums, counts=counts)
+    _check_fused_pass(312, 200, seed=13, dtype=torch.float16)
     assert len(searched) == (3 if chunk else 1), "the pass did not take the search record chunk by chunk"
-    xf = x.float()
-    _check_labels(xf - offset, c, out.labels, "exact")
-    ref_sums, ref_counts = update_reference(xf, out.labels, k, sample_weight=w, offset=offset)
-    torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(counts, ref_counts, rtol=1e-5, atol=1e-5)
-    assert int(out.changed) == int((out.labels != prev).sum())
-    direct = (((xf - offset).double() - c.double()[out.labels]) ** 2).sum(1)
-    torch.testing.assert_close(out.sq_dist.double(), direct, rtol=1e-5, atol=1e-5)
 
 
 def test_epilogue_shape(monkeypatch):
