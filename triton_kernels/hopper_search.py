@@ -1058,19 +1058,24 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
         e_desc = TensorDescriptor(operands, list(operands.shape), list(operands.stride()), [block_k, extra], e_layout)
     else:
         e_desc = c_desc  # unused
-    labels = out.view(torch.int32)
-    # Without ``check`` rows 2-6 are never written: the pointers go to row 0 (any valid address).
-    second, label2, third, label3, fourth = ((out[2], labels[3], out[4], labels[5], out[6]) if check
-                                             else (out[0], labels[0], out[0], labels[0], out[0]))
     _search_kernel[(triton.cdiv(n, block_n),)](
         x_desc, c_desc, e_desc, x, x.stride(0), x.stride(1), half_scale if half else bias, bias,
-        bias if offset is None else offset, out[0], labels[1], second, label2, third,
-        label3, fourth, bias if control is None else control, n, k, d,
+        bias if offset is None else offset, *_record_rows(out, check), bias if control is None else control, n, k, d,
         BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, CHECK=_check_mode(check, is_packed), INSTR_K=32 // size,
         GROUP=group,
         HAS_CONTROL=control is not None, PACKED=is_packed, TILE_BITS=tile_bits(k, size, d) if is_packed else 1,
         HAS_OFFSET=offset is not None and is_packed, HALF=half, CENTRED=centred, num_warps=warps, **options,
     )
+
+
+def _record_rows(out: torch.Tensor, check: bool) -> tuple[torch.Tensor, ...]:
+    """The record's seven rows as the kernels take them (best, label, second, label2, third, label3,
+    fourth; labels as int32 bits). Without ``check`` rows 2-6 are never written: those pointers go
+    to row 0 (any valid address)."""
+    labels = out.view(torch.int32)
+    if check:
+        return out[0], labels[1], out[2], labels[3], out[4], labels[5], out[6]
+    return out[0], labels[1], out[0], labels[0], out[0], labels[0], out[0]
 
 
 def _search_streamed(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
@@ -1083,11 +1088,8 @@ def _search_streamed(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
     c_layout = gl.NVMMASharedLayout.get_default_for([block_k, block_d], dtype)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, block_d], x_layout)
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, block_d], c_layout)
-    labels = out.view(torch.int32)
-    rest = ((out[2], labels[3], out[4], labels[5], out[6]) if check
-            else (out[0], labels[0], out[0], labels[0], out[0]))
     _streamed_kernel[(triton.cdiv(n, block_n),)](
-        x_desc, c_desc, bias, out[0], labels[1], *rest, bias if control is None else control, n, c_mma.shape[0],
+        x_desc, c_desc, bias, *_record_rows(out, check), bias if control is None else control, n, c_mma.shape[0],
         ND=chunks, STAGES=stages, GROUP=group, CHECK=1 if check else 0, HAS_CONTROL=control is not None,
         num_warps=block_n // 16)
 
