@@ -125,6 +125,7 @@ if H.gluon is not None:
 
     H._search_kernel = Compiler(H._search_kernel, GluonASTSource)
     H._streamed_kernel = Compiler(H._streamed_kernel, GluonASTSource)
+    H._ring_kernel = Compiler(H._ring_kernel, GluonASTSource)
 A.num_persistent_programs = lambda dev: 4
 WORKLOADS = {"small-d": (1000, 3, 100), "seed000-A": (245760, 32, 32), "seed000-B": (245760, 32, 1024),
              "100Mx2": (100_000_000, 2, 32), "SIFT-like": (1_000_000, 128, 4096), "embeddings": (1_000_000, 768, 8192),
@@ -148,8 +149,9 @@ def main():
                              "tests/kernels/test_compile_sm90.py runs it so in CI)")
     args = parser.parse_args()
     names = args.workloads or list(WORKLOADS)
-    # The streamed Hopper search and its epilogues (16-bit rows wider than 256 features) compile
-    # whatever its default (``hopper_search.STREAMED_DEFAULT``).
+    # The resident-row streamed Hopper search and its epilogues (16-bit rows wider than 256
+    # features, both modes) compile whatever the default (``hopper_search.STREAMED_DEFAULT``); the
+    # ring search (the default's, both modes) is compiled with the Gluon searches below.
     os.environ.setdefault("TORCHKM_HOPPER_STREAMED", "1")
     if args.sweep:
         name, dtype, precision = args.sweep[0].split(":")
@@ -203,6 +205,13 @@ def main():
                 compile_hopper_search(n, d, k, dt, check, half)
                 if half:
                     compile_hopper_search(n, d, k, dt, check, half, centred=True)
+            if H.streamed(x) and not half:
+                # The ring search (``TORCHKM_HOPPER_STREAMED=ring``; the exact record's under
+                # ``TORCHKM_HOPPER_RING_EXACT=1``).
+                setting, os.environ["TORCHKM_HOPPER_STREAMED"] = os.environ["TORCHKM_HOPPER_STREAMED"], "ring"
+                for check in (False, True):
+                    compile_hopper_search(n, d, k, dt, check, half)
+                os.environ["TORCHKM_HOPPER_STREAMED"] = setting
     if args.workloads:
         return
     D.sq_distances(torch.empty(2, 5), torch.randn(3, 5))

@@ -72,6 +72,12 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=["64,64,0,1", "64,64,0,2", "64,32,0,2", "128,32,0,1"],
                         help="TORCHKM_HOPPER_STREAMED_CONFIG values BLOCK_K,BLOCK_D,STAGES,GROUP (STAGES 0: as "
                              "many as fit)")
+    parser.add_argument("--ring-configs", nargs="*", default=["256,64,4", "256,64,3", "128,64,4"],
+                        help="TORCHKM_HOPPER_RING_CONFIG values BLOCK_K,BLOCK_D,STAGES of the ring search (fast)")
+    parser.add_argument("--searches", nargs="*", default=["tl.dot", "streamed", "ring"],
+                        choices=["tl.dot", "streamed", "ring"], help="the passes' searches to time")
+    parser.add_argument("--odd", action="store_true",
+                        help="first check the ring search's labels on odd shapes (n, d, k not multiples of its tiles)")
     parser.add_argument("--sums", nargs="*", default=["no", "with"], choices=["no", "with"],
                         help="time the passes without and / or with their sums")
     parser.add_argument("--json", default=None)
@@ -104,8 +110,31 @@ def main() -> None:
 
     show(rows[0])
     show(rows[1])
-    for search, setting in (("tl.dot", "0"), ("streamed", "1")):
-        with env(TORCHKM_HOPPER_STREAMED=setting):
+    if args.odd:
+        for n, d, k in ((1000, 520, 1000), (777, 312, 300), (4099, 1000, 2000), (130, 264, 257), (20000, 768, 8192)):
+            xo = torch.randn(n, d, device="cuda", generator=g).bfloat16()
+            co = xo[torch.randint(0, n, (k,), device="cuda", generator=g)].float() + 0.01
+            po = prepare_centroids(co.contiguous(), None, xo.dtype, fast=True, split=False, exact=False)
+            record = torch.full((7, n + 5), float("nan"), device="cuda")
+            record.view(torch.int32)[1] = -7
+            row = {"variant": f"ring search labels at {n} x {d} x {k}"}
+            try:
+                with env(TORCHKM_HOPPER_STREAMED="ring"):
+                    hopper_search.search(xo, po.c_mma, po.bias, record, check=False)
+                torch.cuda.synchronize()
+                row["labels_off_beyond_ties_pct"] = labels_off_pct(xo, po.c_mma, po.bias, record[:, :n])
+                row["untouched_tail"] = bool(record[0, n:].isnan().all())
+                scores = po.bias[None, :] + xo.float() @ po.c_mma.float().T
+                got = record.view(torch.int32)[1, :n].long().clamp(0, k - 1)
+                row["best_off_rel"] = float(((record[0, :n] - scores.gather(1, got[:, None]).squeeze(1)).abs()
+                                             / scores.abs().amax(dim=1)).max())
+            except Exception as e:  # noqa: BLE001
+                row["error"] = repr(e)[:500]
+            rows.append(row)
+            show(row)
+    searches = {"tl.dot": "0", "streamed": "1", "ring": "ring"}
+    for search, setting in ((name, searches[name]) for name in args.searches):
+        with env(TORCHKM_HOPPER_STREAMED=setting, TORCHKM_HOPPER_RING_EXACT="1"):
             for precision in ("fast", "exact"):
                 for update in [kind == "with" for kind in args.sums]:
                     row = {"variant": f"{precision} pass, {'with' if update else 'no'} sums, {search} search"}
@@ -144,6 +173,27 @@ def main() -> None:
                     row["error"] = repr(e)[:500]
                 rows.append(row)
                 show(row)
+    for spec in args.ring_configs:
+        for exact in (False, True):
+            with env(TORCHKM_HOPPER_STREAMED="ring", TORCHKM_HOPPER_RING_CONFIG=spec):
+                row = {"variant": f"ring search alone, {'exact' if exact else 'fast'}, config {spec}",
+                       "shape": hopper_search.ring_shape(args.d)}
+                record = torch.full((7, args.n), float("nan"), device="cuda")
+                record.view(torch.int32)[[1, 3, 5]] = -7
+                try:
+                    hopper_search.search(x, c_mma, bias, record, check=exact)
+                    torch.cuda.synchronize()
+                    row["labels_off_beyond_ties_pct"] = labels_off_pct(x, c_mma, bias, record)
+                    if exact:
+                        row["record_bounds_off_pct"] = record_bounds_off_pct(x, c_mma, bias, record)
+                    row["ms"] = graph_ms(lambda: hopper_search.search(x, c_mma, bias, record, check=exact), calls=5)
+                except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is reported
+                    row["error"] = repr(e)[:500]
+                rows.append(row)
+                show(row)
+        if args.json:  # as it goes: a run cut short keeps its rows
+            with open(args.json, "w") as fh:
+                json.dump({"meta": meta, "seed": seed, "rows": rows}, fh, indent=1, default=str)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "seed": seed, "rows": rows}, fh, indent=1, default=str)

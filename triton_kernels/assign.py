@@ -2472,11 +2472,15 @@ class AssignPass:
             fast_hopper = (fast_setting == "1" if fast_setting in ("0", "1") else
                            x.dtype == torch.float32 or (hopper_search.packed(x, k) and d > 32)
                            or hopper_search.streamed(x))
+            # Wide 16-bit rows (``hopper_search.streamed``): the exact mode only where the streamed
+            # search writes its record as fast as the tl.dot search's (``streamed_checks``).
             # A traced pass (torch.compile) keeps the tl.dot search unless ``TORCHKM_HOPPER_TRACED=1``,
             # which takes it through its op (``hopper_search.in_traced_passes``).
             self.hopper = (hopper_search.mode() is not None and not self.split
                            and (not self.traced or hopper_search.in_traced_passes())
-                           and (precision == "exact" or (precision == "fast" and fast_hopper))
+                           and ((precision == "exact" and (not hopper_search.streamed(x)
+                                                           or hopper_search.streamed_checks(x)))
+                                or (precision == "fast" and fast_hopper))
                            and hopper_search.supported(x, k, scaled=scaled, split=False, row_list=False))
             self.main_grid = triton.cdiv(n, cfg["BLOCK_N"]) if n else 0
             if self.update == UPDATE_CARRY:

@@ -34,20 +34,25 @@ the bias and the row term, too large for fp16, enter as four fp16 parts each aga
 unpacked -> packed: fast 3.63 -> 2.47 ms (the fast mode took packed tf32 before), exact 4.08 ->
 3.40; 1M x 64: 1.97 -> 1.53 and 3.21 -> 2.39 (2026-11-27).
 
-16-bit rows of more than 256 features (``streamed``, ``_streamed_kernel``): a row tile no longer
-fits beside whole centroid tiles, so it stays resident in chunks of 64 features (128 rows of 768
-bf16 features: 192 KiB) and the centroid tiles stream past it chunk by chunk. The tl.dot search
-there streams rows and centroids alike, and its L2 traffic set its pace (``configs.assign_config``);
-a resident row tile leaves only the centroids' (two thirds of it at 128 x 256 tiles). Unpacked,
-one fold per centroid tile, which at 768 features is small beside the tile's twelve products.
-Measured slower, so off by default (``streamed``): H100, 1M x 768, k = 8192, bf16, fused pass with
-sums replayed (scripts/diag_resident_search.py, 2026-12-07), tl.dot / streamed search: fast 27.15
-/ 28.18 ms, exact 28.41 / 30.20; the streamed search alone 26.9 ms fast (64-centroid tiles, folds
-overlapped) and 25.8 (128-centroid tiles in 32-feature chunks), against a floor of 16.7 and
-cuBLAS's product alone at 19.4. Less L2 traffic did not make it faster. Not profiled; a likely
-reason: its 64- or 128-wide products read both operands from shared memory, 32 or 43 FLOP a byte
-(at 32 an SM's shared memory just feeds the tensor cores' peak), against 51 for the tl.dot
-search's 256-wide ones. 256-centroid tiles would leave room for two stages of 32 features.
+16-bit rows of more than 256 features (``streamed``): a row tile no longer fits beside whole
+centroid tiles. The default there (``TORCHKM_HOPPER_STREAMED=ring``) is the ring search
+(``_ring_kernel``) for the fast mode: rows and centroids both stream in chunks of 64 features, a
+chunk of each a stage, through one ring of TMA stages that runs on across the centroid tiles, one
+asynchronous 128 x 256 product a stage, and each tile's fold reduced per row at once. What it
+fixes (ncu, H100, 1M x 768 x 8,192 bf16, 2026-12-07): the tl.dot search kept the tensor pipe 55 %
+busy, its loads restarting at every centroid tile and its fold overlapping nothing, with L2 at
+4.2 TB/s of the 9.7 measured (so not L2); the ring search keeps it 83 % busy, as cuBLAS's own
+product. The search alone 18.8 ms against cuBLAS's 20.7 and a floor of 16.6; the fast pass with
+sums 26.17 -> 22.00 ms. Its exact record (``TORCHKM_HOPPER_RING_EXACT=1``: the runner-up with its
+index and the third best, per row and tile) costs 5 ms more and the pass came out level with the
+tl.dot search's (29.63 against 29.24), so the exact mode keeps that one.
+
+The resident-row search (``_streamed_kernel``, ``TORCHKM_HOPPER_STREAMED=1``): the row tile stays
+in shared memory as chunks of 64 features (128 rows of 768 bf16 features: 192 KiB) and the
+centroid tiles stream past it chunk by chunk. Slower than the tl.dot search in both modes: H100,
+1M x 768, k = 8192, bf16, fused pass with sums replayed (scripts/diag_resident_search.py,
+2026-12-07), tl.dot / resident: fast 27.15 / 28.18 ms, exact 28.41 / 30.20. ncu: its tensor pipe
+53-60 % busy, its warps waiting on their few small stages (the rows leave room for 4 of 8 KiB).
 
 GPU-only: Gluon does not run under ``TRITON_INTERPRET=1``. ``supported`` says when the launcher
 applies; everything else takes the ``tl.dot`` search.
@@ -82,9 +87,9 @@ try:  # Gluon is experimental: its absence, or another API, leaves the tl.dot se
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
     gluon = None
 
-__all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "search", "search_in_graph", "search_operands",
-           "search_operands_reference", "search_reference", "streamed", "streamed_shape", "supported", "traced",
-           "in_traced_passes"]
+__all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "ring_shape", "search", "search_in_graph",
+           "search_operands", "search_operands_reference", "search_reference", "streamed", "streamed_checks",
+           "streamed_shape", "supported", "traced", "in_traced_passes"]
 
 # Tile shapes: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16 per warp),
 # centroids its N; the row tile stays in shared memory beside the centroid stages; ``group``:
@@ -187,16 +192,54 @@ def streamed_shape(d: int, size: int = 2) -> tuple[int, int, int, int, int, int]
     return None
 
 
-# Off: measured slower than the tl.dot search (see the module's docstring).
-STREAMED_DEFAULT = "0"
+# The ring search (``_ring_kernel``): (centroids a tile, features a chunk, stages at most: the fast
+# mode's, the exact mode's); 128 rows a program. H100, 1M x 768 x 8,192 bf16, the search alone
+# (scripts/diag_resident_search.py, 2026-12-07): fast 18.82 ms with three stages, 19.82 with four;
+# exact 27.02 and 25.07. TORCHKM_HOPPER_RING_CONFIG=BLOCK_K,BLOCK_D,STAGES (both modes; experiments).
+_RING_CONFIG = (256, 64, 3, 4)
+
+
+def ring_shape(d: int, size: int = 2, check: bool = False) -> tuple[int, int, int, int, int]:
+    """(rows, centroids, features a chunk, chunks, stages) of the ring search over rows of ``d``
+    features of ``size`` bytes (``check``: the exact mode's record): each stage holds a chunk of the
+    row tile and of a centroid tile."""
+    block_k, block_d, fast_stages, check_stages = _RING_CONFIG
+    max_stages = check_stages if check else fast_stages
+    spec = os.environ.get("TORCHKM_HOPPER_RING_CONFIG")
+    if spec:
+        block_k, block_d, max_stages = (int(v) for v in spec.split(","))
+    block_n = 128
+    stages = min(max_stages, _SHARED_BYTES // ((block_n + block_k) * block_d * size))
+    return block_n, block_k, block_d, triton.cdiv(d, block_d), stages
+
+
+# Which search 16-bit rows of more than 256 padded features take (``TORCHKM_HOPPER_STREAMED``):
+# "ring" (the default) the ring search in the fast mode and the tl.dot search in the exact mode
+# (``TORCHKM_HOPPER_RING_EXACT=1``: the ring search there too); "1" the resident-row search in both;
+# "0" the tl.dot search in both. H100, 1M x 768 x 8,192 bf16, fused pass with sums replayed
+# (scripts/diag_resident_search.py, 2026-12-07), tl.dot / ring search: fast 26.17 / 22.00 ms, exact
+# 29.24 / 29.63 (its record's runner-up and third cost the ring search 5 ms); the resident-row
+# search was slower than the tl.dot search in both modes (the module's docstring).
+STREAMED_DEFAULT = "ring"
+
+
+def _streamed_setting() -> str:
+    return os.environ.get("TORCHKM_HOPPER_STREAMED", STREAMED_DEFAULT)
+
+
+def streamed_checks(x: torch.Tensor) -> bool:
+    """Whether the exact mode over ``x`` takes the streamed search too (where ``streamed``): not under
+    ``TORCHKM_HOPPER_STREAMED=ring`` (the default), unless ``TORCHKM_HOPPER_RING_EXACT=1``."""
+    return _streamed_setting() != "ring" or os.environ.get("TORCHKM_HOPPER_RING_EXACT", "0") == "1"
 
 
 def streamed(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
-    """Whether ``search`` takes ``x``'s rows through the streamed search: 16-bit rows (read as they
-    are) of more than 256 padded features that ``streamed_shape`` fits, where
-    ``TORCHKM_HOPPER_STREAMED`` (default ``STREAMED_DEFAULT``) is 1; else those rows keep the
-    tl.dot search. Off by default: slower there at 1M x 768 (the module's docstring)."""
-    if os.environ.get("TORCHKM_HOPPER_STREAMED", STREAMED_DEFAULT) != "1":
+    """Whether ``search`` takes ``x``'s rows through a streamed search (the ring search, or the
+    resident-row one under ``TORCHKM_HOPPER_STREAMED=1``): 16-bit rows (read as they are) of more
+    than 256 padded features, up to the 1,600 that ``streamed_shape`` fits; not under
+    ``TORCHKM_HOPPER_STREAMED=0`` (those rows then keep the tl.dot search). In the exact mode the
+    passes take it only where ``streamed_checks``."""
+    if _streamed_setting() not in ("1", "ring"):
         return False
     dtype = dtype or x.dtype
     return (dtype == x.dtype and dtype in (torch.float16, torch.bfloat16) and _padded(x.shape[-1]) > 256
@@ -836,6 +879,131 @@ if gluon is not None:
                       fourth_ptr, row0, n, BLOCK_N, BLOCK_K, CHECK, layout)
 
 
+    # The ring search (``TORCHKM_HOPPER_STREAMED=ring``): rows and centroids both
+    # stream, a (rows x chunk, centroids x chunk) pair a stage, through one ring of stages that runs
+    # on across centroid tiles, so the next tile's first chunks are loading while this tile's last
+    # product and its fold run. ncu (H100, 1M x 768 x 8,192 bf16, 2026-12-07): the tl.dot search keeps
+    # the tensor pipe 55 % busy (its loads restart at every centroid tile and nothing overlaps its
+    # fold) and moves 4.2 TB/s from L2 against 9.7 measured; the resident-row search 53-60 %, waiting
+    # on its few small stages. Here 128 x 256 products of 64 features a stage, as cuBLAS's tiles
+    # (83 % busy there), three stages (144 KiB) for the fast mode, four for the exact. The fold is
+    # eager (each tile's best per row, then the running best): a slot's running state would not
+    # fit beside the 128-register product.
+    # With CHECK the exact record's runner-up exactly (its index too) and the third best as the
+    # bound on the rest, no third candidate (label3 -1).
+    @gluon.jit
+    def _ring_fill(x_desc, c_desc, x_smem, c_smem, ready, s, step, row0, pred, ND: gl.constexpr):
+        # Step ``step``: centroid tile step // ND, feature chunk step % ND, and the rows' same chunk.
+        BLOCK_K: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_D: gl.constexpr = c_desc.block_type.shape[1]
+        mbarrier.expect(ready.index(s), x_desc.block_type.nbytes + c_desc.block_type.nbytes, pred=pred)
+        _tma_load(x_desc, [row0, (step % ND) * BLOCK_D], ready.index(s), x_smem.index(s), pred=pred)
+        _tma_load(c_desc, [(step // ND) * BLOCK_K, (step % ND) * BLOCK_D], ready.index(s), c_smem.index(s),
+                  pred=pred)
+
+    @gluon.jit
+    def _ring_issue(x_smem, c_smem, ready, acc, t, q, STAGES: gl.constexpr):
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        return warpgroup_mma(x_smem.index(s), c_smem.index(s).permute((1, 0)), acc, use_acc=q > 0, is_async=True)
+
+    @gluon.jit
+    def _ring_refill(x_desc, c_desc, x_smem, c_smem, ready, t, steps, row0, ND: gl.constexpr, STAGES: gl.constexpr):
+        # Step t's stage, once both warpgroups' products of it are done, with step t + STAGES.
+        _thread_barrier()
+        _ring_fill(x_desc, c_desc, x_smem, c_smem, ready, t % STAGES, t + STAGES, row0, t + STAGES < steps, ND)
+
+    @gluon.jit
+    def _ring_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                     fourth_ptr, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
+                     HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
+        if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+            if gl.load(control_ptr) == 0:
+                _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
+                           label3_ptr, fourth_ptr, n, k, ND, STAGES, CHECK, num_warps)
+        else:
+            _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                       fourth_ptr, n, k, ND, STAGES, CHECK, num_warps)
+
+    @gluon.jit
+    def _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
+                   fourth_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
+                   num_warps: gl.constexpr):
+        BLOCK_N: gl.constexpr = x_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_D: gl.constexpr = c_desc.block_type.shape[1]
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_K, 16])
+        row0 = gl.program_id(0) * BLOCK_N
+        n_tiles = gl.cdiv(k, BLOCK_K)
+        steps = n_tiles * ND
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_N, BLOCK_D], x_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [STAGES, BLOCK_K, BLOCK_D], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        for s in gl.static_range(STAGES):
+            _ring_fill(x_desc, c_desc, x_smem, c_smem, ready, s, s, row0, s < steps, ND)
+        cols = gl.expand_dims(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout)), 0)
+        best = gl.full([BLOCK_N], float("inf"), gl.float32, gl.SliceLayout(1, layout))
+        label = gl.full([BLOCK_N], 0, gl.int32, gl.SliceLayout(1, layout))
+        second = best
+        third = best
+        label2 = label
+        acc = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
+        for j in range(n_tiles):
+            # The bias before the products, so that its latency hides behind them.
+            bias = gl.load(bias_ptr + j * BLOCK_K + cols, mask=j * BLOCK_K + cols < k, other=float("inf"))
+            acc = _ring_issue(x_smem, c_smem, ready, acc, j * ND, 0, STAGES)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # in flight still: the loop's type
+            for q in range(1, ND):
+                t = j * ND + q
+                acc = _ring_issue(x_smem, c_smem, ready, acc, t, q, STAGES)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                _ring_refill(x_desc, c_desc, x_smem, c_smem, ready, t - 1, steps, row0, ND, STAGES)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _ring_refill(x_desc, c_desc, x_smem, c_smem, ready, j * ND + ND - 1, steps, row0, ND, STAGES)
+            # The tile's best per row (lowest column on ties), then the running best: strictly
+            # better only, so an equal score in a later tile keeps the lower index. The scores
+            # overwrite the product, whose registers the next tile's first product takes over.
+            acc = acc + bias
+            m1 = gl.min(acc, axis=1)
+            i1 = gl.min(gl.where(acc == gl.expand_dims(m1, 1), cols, 2147483647), axis=1)
+            new = m1 < best
+            if CHECK:
+                # The tile's runner-up (with its column) and third best, each with the columns
+                # above it masked out; then the running best three (the third as a value only): of
+                # two equal contenders the earlier tile's (lower index) ranks first.
+                acc = gl.where(cols == gl.expand_dims(i1, 1), float("inf"), acc)
+                m2 = gl.min(acc, axis=1)
+                i2 = gl.min(gl.where(acc == gl.expand_dims(m2, 1), cols, 2147483647), axis=1)
+                m3 = gl.min(gl.where(cols == gl.expand_dims(i2, 1), float("inf"), acc), axis=1)
+                kept = gl.where(new, best, second)
+                kept_label = gl.where(new, label, label2)
+                taken = gl.where(new, m2, m1)
+                taken_label = j * BLOCK_K + gl.where(new, i2, i1)
+                keeps = kept <= taken
+                third = gl.where(new, gl.where(keeps, gl.minimum(second, m2), gl.minimum(best, m3)),
+                                 gl.where(keeps, gl.minimum(third, m1), gl.minimum(second, m2)))
+                second = gl.where(keeps, kept, taken)
+                label2 = gl.where(keeps, kept_label, taken_label)
+            best = gl.where(new, m1, best)
+            label = gl.where(new, j * BLOCK_K + i1, label)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+        rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        row_mask = rows < n
+        gl.store(best_ptr + rows, best, mask=row_mask)
+        gl.store(label_ptr + rows, label, mask=row_mask)
+        if CHECK:
+            # No third candidate: the bound on the rest is the third's.
+            gl.store(second_ptr + rows, second, mask=row_mask)
+            gl.store(label2_ptr + rows, label2, mask=row_mask)
+            gl.store(third_ptr + rows, third, mask=row_mask)
+            gl.store(label3_ptr + rows, gl.full([BLOCK_N], -1, gl.int32, gl.SliceLayout(1, layout)), mask=row_mask)
+            gl.store(fourth_ptr + rows, third, mask=row_mask)
+
+
 _GL_DTYPE = {}
 
 
@@ -1026,7 +1194,10 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     n, d = x.shape
     k = c_mma.shape[0]
     if not half and _padded(d) > 256:
-        _search_streamed(x, c_mma, bias, out, check=check, control=control)
+        if _streamed_setting() == "ring":
+            _search_ring(x, c_mma, bias, out, check=check, control=control)
+        else:
+            _search_streamed(x, c_mma, bias, out, check=check, control=control)
         return
     rows_dtype = c_mma.dtype if half else x.dtype
     size = rows_dtype.itemsize
@@ -1092,6 +1263,21 @@ def _search_streamed(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
         x_desc, c_desc, bias, *_record_rows(out, check), bias if control is None else control, n, c_mma.shape[0],
         ND=chunks, STAGES=stages, GROUP=group, CHECK=1 if check else 0, HAS_CONTROL=control is not None,
         num_warps=block_n // 16)
+
+
+def _search_ring(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
+                 control: torch.Tensor | None) -> None:
+    """``search`` over 16-bit rows of more than 256 padded features (``_ring_kernel``)."""
+    n, d = x.shape
+    block_n, block_k, block_d, chunks, stages = ring_shape(d, x.element_size(), check)
+    dtype = _gl_dtype(x.dtype)
+    x_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_d], dtype)
+    c_layout = gl.NVMMASharedLayout.get_default_for([block_k, block_d], dtype)
+    x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, block_d], x_layout)
+    c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, block_d], c_layout)
+    _ring_kernel[(triton.cdiv(n, block_n),)](
+        x_desc, c_desc, bias, *_record_rows(out, check), bias if control is None else control, n, c_mma.shape[0],
+        ND=chunks, STAGES=stages, CHECK=check, HAS_CONTROL=control is not None, num_warps=block_n // 16)
 
 
 def _search_op_impl(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, records: torch.Tensor, slot: int,

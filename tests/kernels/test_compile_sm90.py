@@ -6,7 +6,7 @@ versions: on 2026-12-06 Triton 3.9 refused three kernels that 3.6 compiled (a ma
 layout, two renamed Gluon builtins). ``scripts/compile_sm90.py`` compiles each kernel variant the
 benchmark shapes launch, with Triton's bundled ptxas; here over the workloads whose variants failed
 then (seed 000 group B, 1M x 128 and 1M x 768: the candidate re-search, the centroid neighbours,
-the Gluon Hopper search; 1M x 768 bf16 also the streamed Hopper search).
+the Gluon Hopper search; 1M x 768 bf16 also the streamed Hopper searches, resident-row and ring).
 """
 
 import os
@@ -37,4 +37,4 @@ def test_benchmark_variants_compile_for_sm90(tmp_path):
     from torchkm._kernels import hopper_search
 
     if hopper_search.gluon is not None:  # (the Gluon search, where this Triton has Gluon)
-        assert {"_search_kernel", "_streamed_kernel"} <= names, sorted(names)
+        assert {"_search_kernel", "_streamed_kernel", "_ring_kernel"} <= names, sorted(names)

@@ -127,6 +127,34 @@ def test_streamed_shape_fits_shared_memory(monkeypatch):
     assert not hopper_search.supported(rows, 1000, scaled=False, split=False, row_list=False)
 
 
+def test_ring_shape_fits_shared_memory_and_serves_the_fast_mode(monkeypatch):
+    """The ring search's stages (a row chunk and a centroid chunk each) fit an sm_90 block's shared
+    memory whatever the row width (three stages for the fast mode, four for the exact one); by
+    default (``TORCHKM_HOPPER_STREAMED=ring``) wide 16-bit rows take it in the fast mode, in the
+    exact mode only under ``TORCHKM_HOPPER_RING_EXACT=1`` (``streamed_checks``)."""
+    monkeypatch.delenv("TORCHKM_HOPPER_RING_CONFIG", raising=False)
+    monkeypatch.delenv("TORCHKM_HOPPER_RING_EXACT", raising=False)
+    for d in (257, 312, 768, 1000, 1600):
+        for check, stages_expected in ((False, 3), (True, 4)):
+            block_n, block_k, block_d, chunks, stages = hopper_search.ring_shape(d, check=check)
+            assert (block_n, block_k, block_d, stages) == (128, 256, 64, stages_expected)
+            assert chunks * block_d >= d > (chunks - 1) * block_d
+            assert stages * (block_n + block_k) * block_d * 2 <= hopper_search._SHARED_BYTES
+    monkeypatch.setenv("TORCHKM_HOPPER_RING_CONFIG", "256,64,8")  # more stages than fit: as many as do
+    assert hopper_search.ring_shape(768)[4] == 4
+    rows = torch.zeros(10, 768, dtype=torch.bfloat16)
+    monkeypatch.delenv("TORCHKM_HOPPER_STREAMED")
+    assert hopper_search.STREAMED_DEFAULT == "ring"
+    assert hopper_search.streamed(rows) and not hopper_search.streamed_checks(rows)
+    assert not hopper_search.streamed(torch.zeros(10, 256, dtype=torch.bfloat16))
+    assert not hopper_search.streamed(torch.zeros(10, 768))  # fp32 rows: fp16 operands, the tl.dot search
+    monkeypatch.setenv("TORCHKM_HOPPER_RING_EXACT", "1")
+    assert hopper_search.streamed(rows) and hopper_search.streamed_checks(rows)
+    assert hopper_search.supported(rows, 1000, scaled=False, split=False, row_list=False)
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "1")
+    assert hopper_search.streamed(rows) and hopper_search.streamed_checks(rows)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [65, 129, 1000])
 def test_search_operands_split_the_bias_exactly(dtype, k):
@@ -492,6 +520,71 @@ def test_kernel_matches_reference(dtype, d, k, check):
                   & ((top[:, 3] - top[:, 2]) > 2 * (tol + slack)))
         assert (labels[5][clear3] == order[:, 2][clear3]).all()
         assert clear3.float().mean() > 0.2
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize(("dtype", "d", "k"), [(torch.bfloat16, 768, 4099), (torch.float16, 312, 1000),
+                                               (torch.bfloat16, 1000, 300), (torch.bfloat16, 264, 257)])
+@pytest.mark.parametrize("check", [False, True])
+def test_ring_search_matches_reference(monkeypatch, dtype, d, k, check):
+    """The ring search (``TORCHKM_HOPPER_STREAMED=ring``): partial feature chunks (312, 1000, 264), a
+    last centroid tile of one column (257), rows not a multiple of the tile; fresh random rows,
+    the record poisoned. The fast record as ``test_kernel_matches_reference`` holds it; the exact
+    one's best two are the true best two (scores and indices, where their gaps are clear), its
+    third the third-best score, with no third candidate (label3 -1, the rest's bound the third's)."""
+    from torchkm._kernels.centroids import prepare_centroids
+
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "ring")
+    if not check:
+        test_kernel_matches_reference(dtype, d, k, False)
+        return
+    n = 10_007
+    x = torch.randn(n, d, device="cuda").to(dtype)
+    c = x[torch.randperm(n, device="cuda")[:k]].float() + 0.01 * torch.randn(k, d, device="cuda")
+    prepared = prepare_centroids(c, None, dtype, fast=True, split=False, exact=False)
+    got = torch.full((7, n), float("nan"), device="cuda")
+    hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=True)
+    scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
+    top, order = torch.sort(scores, dim=1, stable=True)
+    tol = 2.0 ** -18 * 4 * (x.double().norm(dim=1) * c.double().norm(dim=1).max())
+    record, labels = got.double(), got.view(torch.int32).long()
+    assert not record[[0, 2, 4, 6]].isnan().any()
+    for f, rank in ((0, 0), (2, 1), (4, 2)):
+        assert ((record[f] - top[:, rank]).abs() <= tol).all(), f"record row {f}"
+    assert torch.equal(record[6], record[4]) and (labels[5] == -1).all()
+    assert (labels[3] != labels[1]).all()
+    assert ((scores.gather(1, labels[3][:, None]).squeeze(1) - top[:, 1]).abs() <= tol).all()
+    clear = (top[:, 1] - top[:, 0]) > 2 * tol
+    clear2 = clear & ((top[:, 2] - top[:, 1]) > 2 * tol)
+    assert (labels[1][clear] == order[:, 0][clear]).all() and (labels[3][clear2] == order[:, 1][clear2]).all()
+    assert clear2.float().mean() > 0.3
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+def test_ring_search_in_the_pass(monkeypatch, precision):
+    """Under ``TORCHKM_HOPPER_STREAMED=ring`` (the default) the fast pass over wide 16-bit rows searches
+    with the ring kernel (a frozen iteration writes nothing), the exact pass too under
+    ``TORCHKM_HOPPER_RING_EXACT=1``; the passes' labels hold against float64."""
+    from torchkm._kernels.centroids import prepare_centroids
+
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "ring")
+    n, d, k = 20_001, 776, 3000
+    x = torch.randn(n, d, device="cuda").to(torch.bfloat16)
+    c = x[torch.randperm(n, device="cuda")[:k]].float()
+    if precision == "fast":
+        prepared = prepare_centroids(c, None, x.dtype, fast=True, split=False, exact=False)
+        out = torch.full((2, n), float("nan"), device="cuda")
+        for frozen in (1, 0):
+            hopper_search.search(x, prepared.c_mma, prepared.bias, out, check=False,
+                                 control=torch.full((1,), frozen, dtype=torch.int32, device="cuda"))
+            assert out[0].isnan().all() == bool(frozen)
+    for ring_exact in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_HOPPER_RING_EXACT", ring_exact)
+        assert AssignPass(x, k, precision, update=True).hopper == (precision == "fast" or ring_exact == "1")
+        result = assign(x, c, precision=precision, raw_norms=x.float().norm(dim=1))
+        sample = torch.arange(0, n, 37, device="cuda")
+        _check_labels(x[sample].float(), c, result.labels[sample], precision, input_dtype=x.dtype)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
