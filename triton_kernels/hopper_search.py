@@ -916,19 +916,19 @@ if gluon is not None:
     @gluon.jit
     def _ring_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                      fourth_ptr, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                     HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
+                     THIRD: gl.constexpr, HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
         if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
             if gl.load(control_ptr) == 0:
                 _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
-                           label3_ptr, fourth_ptr, n, k, ND, STAGES, CHECK, num_warps)
+                           label3_ptr, fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, num_warps)
         else:
             _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
-                       fourth_ptr, n, k, ND, STAGES, CHECK, num_warps)
+                       fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, num_warps)
 
     @gluon.jit
     def _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                    fourth_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   THIRD: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_D: gl.constexpr = c_desc.block_type.shape[1]
@@ -977,7 +977,10 @@ if gluon is not None:
                 acc = gl.where(cols == gl.expand_dims(i1, 1), float("inf"), acc)
                 m2 = gl.min(acc, axis=1)
                 i2 = gl.min(gl.where(acc == gl.expand_dims(m2, 1), cols, 2147483647), axis=1)
-                m3 = gl.min(gl.where(cols == gl.expand_dims(i2, 1), float("inf"), acc), axis=1)
+                if THIRD:
+                    m3 = gl.min(gl.where(cols == gl.expand_dims(i2, 1), float("inf"), acc), axis=1)
+                else:  # the tile's runner-up as the bound on its third: three operations a score fewer
+                    m3 = m2
                 kept = gl.where(new, best, second)
                 kept_label = gl.where(new, label, label2)
                 taken = gl.where(new, m2, m1)
@@ -1277,7 +1280,8 @@ def _search_ring(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: 
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, block_d], c_layout)
     _ring_kernel[(triton.cdiv(n, block_n),)](
         x_desc, c_desc, bias, *_record_rows(out, check), bias if control is None else control, n, c_mma.shape[0],
-        ND=chunks, STAGES=stages, CHECK=check, HAS_CONTROL=control is not None, num_warps=block_n // 16)
+        ND=chunks, STAGES=stages, CHECK=check, THIRD=check and os.environ.get("TORCHKM_HOPPER_RING_THIRD") != "0",
+        HAS_CONTROL=control is not None, num_warps=block_n // 16)
 
 
 def _search_op_impl(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, records: torch.Tensor, slot: int,
