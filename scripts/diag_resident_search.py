@@ -155,45 +155,37 @@ def main() -> None:
                     show(row)
     prepared = prepare_centroids(c.contiguous(), None, x.dtype, fast=True, split=False, exact=False)
     c_mma, bias = prepared.c_mma, prepared.bias
-    for spec in args.configs:
-        with env(TORCHKM_HOPPER_STREAMED_CONFIG=spec):
-            for exact in (False, True):
-                row = {"variant": f"streamed search alone, {'exact' if exact else 'fast'}, config {spec}",
-                       "shape": hopper_search.streamed_shape(args.d)}
-                record = torch.full((7, args.n), float("nan"), device="cuda")
-                record.view(torch.int32)[[1, 3, 5]] = -7
-                try:
-                    hopper_search.search(x, c_mma, bias, record, check=exact)
-                    torch.cuda.synchronize()
-                    row["labels_off_beyond_ties_pct"] = labels_off_pct(x, c_mma, bias, record)
-                    if exact:
-                        row["record_bounds_off_pct"] = record_bounds_off_pct(x, c_mma, bias, record)
-                    row["ms"] = graph_ms(lambda: hopper_search.search(x, c_mma, bias, record, check=exact), calls=5)
-                except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is reported
-                    row["error"] = repr(e)[:500]
-                rows.append(row)
-                show(row)
-    for spec in args.ring_configs:
-        for exact in (False, True):
-            with env(TORCHKM_HOPPER_STREAMED="ring", TORCHKM_HOPPER_RING_CONFIG=spec):
-                row = {"variant": f"ring search alone, {'exact' if exact else 'fast'}, config {spec}",
-                       "shape": hopper_search.ring_shape(args.d)}
-                record = torch.full((7, args.n), float("nan"), device="cuda")
-                record.view(torch.int32)[[1, 3, 5]] = -7
-                try:
-                    hopper_search.search(x, c_mma, bias, record, check=exact)
-                    torch.cuda.synchronize()
-                    row["labels_off_beyond_ties_pct"] = labels_off_pct(x, c_mma, bias, record)
-                    if exact:
-                        row["record_bounds_off_pct"] = record_bounds_off_pct(x, c_mma, bias, record)
-                    row["ms"] = graph_ms(lambda: hopper_search.search(x, c_mma, bias, record, check=exact), calls=5)
-                except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is reported
-                    row["error"] = repr(e)[:500]
-                rows.append(row)
-                show(row)
+    def search_alone(variant: str, shape, exact: bool) -> None:
+        """The search alone into a poisoned record: its labels (and the exact record's bounds)
+        against float64 first, then its time replayed."""
+        row = {"variant": variant, "shape": shape}
+        record = torch.full((7, args.n), float("nan"), device="cuda")
+        record.view(torch.int32)[[1, 3, 5]] = -7
+        try:
+            hopper_search.search(x, c_mma, bias, record, check=exact)
+            torch.cuda.synchronize()
+            row["labels_off_beyond_ties_pct"] = labels_off_pct(x, c_mma, bias, record)
+            if exact:
+                row["record_bounds_off_pct"] = record_bounds_off_pct(x, c_mma, bias, record)
+            row["ms"] = graph_ms(lambda: hopper_search.search(x, c_mma, bias, record, check=exact), calls=5)
+        except Exception as e:  # noqa: BLE001 - a config that does not compile or fit is reported
+            row["error"] = repr(e)[:500]
+        rows.append(row)
+        show(row)
         if args.json:  # as it goes: a run cut short keeps its rows
             with open(args.json, "w") as fh:
                 json.dump({"meta": meta, "seed": seed, "rows": rows}, fh, indent=1, default=str)
+
+    for spec in args.configs:
+        with env(TORCHKM_HOPPER_STREAMED="1", TORCHKM_HOPPER_STREAMED_CONFIG=spec):
+            for exact in (False, True):
+                search_alone(f"streamed search alone, {'exact' if exact else 'fast'}, config {spec}",
+                             hopper_search.streamed_shape(args.d), exact)
+    for spec in args.ring_configs:
+        with env(TORCHKM_HOPPER_STREAMED="ring", TORCHKM_HOPPER_RING_CONFIG=spec):
+            for exact in (False, True):
+                search_alone(f"ring search alone, {'exact' if exact else 'fast'}, config {spec}",
+                             hopper_search.ring_shape(args.d, check=exact), exact)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "seed": seed, "rows": rows}, fh, indent=1, default=str)

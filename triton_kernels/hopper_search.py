@@ -765,11 +765,12 @@ if gluon is not None:
                   pred=pred)
 
     @gluon.jit
-    def _stream_issue(x_smem, c_smem, ready, acc, t, q, STAGES: gl.constexpr):
-        # Stream step t (feature chunk q of its tile), asynchronous, once its stage is filled.
+    def _stream_issue(x_op, c_smem, ready, acc, t, use_acc, STAGES: gl.constexpr):
+        # Stream step t's product of the rows' chunk ``x_op`` (shared memory), asynchronous, once the
+        # step's stage is filled (the resident-row search's and the ring search's).
         s = t % STAGES
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-        return warpgroup_mma(x_smem.index(q), c_smem.index(s).permute((1, 0)), acc, use_acc=q > 0, is_async=True)
+        return warpgroup_mma(x_op, c_smem.index(s).permute((1, 0)), acc, use_acc=use_acc, is_async=True)
 
     @gluon.jit
     def _stream_refill(c_desc, c_smem, ready, t, steps, ND: gl.constexpr, STAGES: gl.constexpr):
@@ -781,7 +782,7 @@ if gluon is not None:
     def _stream_first(x_smem, c_smem, ready, zero, j, ND: gl.constexpr, STAGES: gl.constexpr):
         # Tile j's first chunk, issued; as a tensor (a wait that leaves it in flight): the type the
         # chunk loop carries.
-        pending = _stream_issue(x_smem, c_smem, ready, zero, j * ND, 0, STAGES)
+        pending = _stream_issue(x_smem.index(0), c_smem, ready, zero, j * ND, False, STAGES)
         return warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
 
     @gluon.jit
@@ -791,7 +792,7 @@ if gluon is not None:
         # unrolled, ptxas kept every chunk's descriptors live (255 registers and spills).
         for q in range(1, ND):
             t = j * ND + q
-            acc = _stream_issue(x_smem, c_smem, ready, acc, t, q, STAGES)
+            acc = _stream_issue(x_smem.index(q), c_smem, ready, acc, t, True, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             _stream_refill(c_desc, c_smem, ready, t - 1, steps, ND, STAGES)
         return acc
@@ -854,7 +855,7 @@ if gluon is not None:
                 pending = _stream_rest(pending, x_smem, c_desc, c_smem, ready, j + i, steps, ND, STAGES)
                 last = (j + i) * ND + ND - 1
                 if i < GROUP - 1:
-                    following = _stream_issue(x_smem, c_smem, ready, zero, (j + i + 1) * ND, 0, STAGES)
+                    following = _stream_issue(x_smem.index(0), c_smem, ready, zero, (j + i + 1) * ND, False, STAGES)
                     acc, following = warpgroup_mma_wait(num_outstanding=1, deps=(pending, following))
                     _stream_refill(c_desc, c_smem, ready, last, steps, ND, STAGES)
                     best_t, tile_t, second_t = _fold_tile(acc, bias, j + i, best_t, tile_t, second_t, CHECK, False,
@@ -900,12 +901,6 @@ if gluon is not None:
         _tma_load(x_desc, [row0, (step % ND) * BLOCK_D], ready.index(s), x_smem.index(s), pred=pred)
         _tma_load(c_desc, [(step // ND) * BLOCK_K, (step % ND) * BLOCK_D], ready.index(s), c_smem.index(s),
                   pred=pred)
-
-    @gluon.jit
-    def _ring_issue(x_smem, c_smem, ready, acc, t, q, STAGES: gl.constexpr):
-        s = t % STAGES
-        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-        return warpgroup_mma(x_smem.index(s), c_smem.index(s).permute((1, 0)), acc, use_acc=q > 0, is_async=True)
 
     @gluon.jit
     def _ring_refill(x_desc, c_desc, x_smem, c_smem, ready, t, steps, row0, ND: gl.constexpr, STAGES: gl.constexpr):
@@ -954,11 +949,11 @@ if gluon is not None:
         for j in range(n_tiles):
             # The bias before the products, so that its latency hides behind them.
             bias = gl.load(bias_ptr + j * BLOCK_K + cols, mask=j * BLOCK_K + cols < k, other=float("inf"))
-            acc = _ring_issue(x_smem, c_smem, ready, acc, j * ND, 0, STAGES)
+            acc = _stream_issue(x_smem.index((j * ND) % STAGES), c_smem, ready, acc, j * ND, False, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # in flight still: the loop's type
             for q in range(1, ND):
                 t = j * ND + q
-                acc = _ring_issue(x_smem, c_smem, ready, acc, t, q, STAGES)
+                acc = _stream_issue(x_smem.index(t % STAGES), c_smem, ready, acc, t, True, STAGES)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 _ring_refill(x_desc, c_desc, x_smem, c_smem, ready, t - 1, steps, row0, ND, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
