@@ -167,7 +167,10 @@ def assign_config(n: int, k: int, d: int, dtype: torch.dtype, precision: str, *,
         # quarter less per product. H200, 1M x 768, k = 8192, fused pass (scripts/diag_streamed.py,
         # 2026-11-22), ms, 128 x 128 -> 128 x 256: fp32 fast 64.6 -> 50.1, exact 81.7 -> 60.6; bf16
         # fast 31.0 -> 25.3, exact 50.1 -> 44.0 (256 rows x 128 centroids: 58.1, 72.8, 33.4, 50.3;
-        # cuBLAS x @ c.T: 38.9 tf32, 20.7 bf16).
+        # cuBLAS x @ c.T: 38.9 tf32, 20.7 bf16). At 128 x 256 L2 no longer sets the pace: ncu (H100,
+        # bf16 fast, 2026-12-07) read 4.2 TB/s from L2 of the 9.7 it serves, the tensor pipe 55 %
+        # busy (loads restart at every centroid tile); 16-bit rows of more than 256 features take
+        # the ring search in the fast mode (hopper_search.py).
         return _config(128, 256, 32, 8, 3, True) if operand_bytes == 4 else _config(128, 256, 64, 8, 3, True)
     if operand_bytes == 4:
         if swap:
