@@ -74,6 +74,10 @@ def main() -> None:
                              "many as fit)")
     parser.add_argument("--ring-configs", nargs="*", default=["256,64,4", "256,64,3", "128,64,4"],
                         help="TORCHKM_HOPPER_RING_CONFIG values BLOCK_K,BLOCK_D,STAGES of the ring search (fast)")
+    parser.add_argument("--ring-packed", nargs="*", default=["1"], choices=["1", "0"],
+                        help="TORCHKM_HOPPER_RING_PACKED values for the ring search alone (keys or scores)")
+    parser.add_argument("--ring-third", nargs="*", default=["1"], choices=["1", "0"],
+                        help="TORCHKM_HOPPER_RING_THIRD values for the ring search alone (exact record)")
     parser.add_argument("--searches", nargs="*", default=["tl.dot", "streamed", "ring"],
                         choices=["tl.dot", "streamed", "ring"], help="the passes' searches to time")
     parser.add_argument("--odd", action="store_true",
@@ -182,10 +186,13 @@ def main() -> None:
                 search_alone(f"streamed search alone, {'exact' if exact else 'fast'}, config {spec}",
                              hopper_search.streamed_shape(args.d), exact)
     for spec in args.ring_configs:
-        with env(TORCHKM_HOPPER_STREAMED="ring", TORCHKM_HOPPER_RING_CONFIG=spec):
-            for exact in (False, True):
-                search_alone(f"ring search alone, {'exact' if exact else 'fast'}, config {spec}",
-                             hopper_search.ring_shape(args.d, check=exact), exact)
+        for packed in args.ring_packed:
+            for exact, third in [(False, "1")] + [(True, third) for third in args.ring_third]:
+                with env(TORCHKM_HOPPER_STREAMED="ring", TORCHKM_HOPPER_RING_CONFIG=spec,
+                         TORCHKM_HOPPER_RING_PACKED=packed, TORCHKM_HOPPER_RING_THIRD=third):
+                    search_alone(f"ring search alone, {'exact' if exact else 'fast'}, config {spec}, "
+                                 f"{'keys' if packed == '1' else 'scores'}" + (f", third {third}" if exact else ""),
+                                 hopper_search.ring_shape(args.d, check=exact), exact)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "seed": seed, "rows": rows}, fh, indent=1, default=str)

@@ -45,7 +45,13 @@ busy, its loads restarting at every centroid tile and its fold overlapping nothi
 product. The search alone 18.8 ms against cuBLAS's 20.7 and a floor of 16.6; the fast pass with
 sums 26.17 -> 22.00 ms. Its exact record (``TORCHKM_HOPPER_RING_EXACT=1``: the runner-up with its
 index and the third best, per row and tile) costs 5 ms more and the pass came out level with the
-tl.dot search's (29.63 against 29.24), so the exact mode keeps that one.
+tl.dot search's (29.63 against 29.24), so the exact mode keeps that one. It folds keys
+(``ring_packed``): each score's column in its 8 lowest bits, so one float minimum a score finds the
+tile's best with its column, and the exact record's runner-up and third each take a mask and a
+minimum; the record's values then move by the cleared bits (``RING_KEY_SLACK``) so that they
+still bound the scores. H100, the search alone, scores -> keys: fast 19.59 -> 18.65 ms, exact
+26.90 -> 22.97; the passes then fast 22.13, exact 29.00 against the tl.dot search's 28.64
+(its pass time is now mostly outside the search: the epilogue and the re-searched rows).
 
 The resident-row search (``_streamed_kernel``, ``TORCHKM_HOPPER_STREAMED=1``): the row tile stays
 in shared memory as chunks of 64 features (128 rows of 768 bf16 features: 192 KiB) and the
@@ -194,8 +200,9 @@ def streamed_shape(d: int, size: int = 2) -> tuple[int, int, int, int, int, int]
 
 # The ring search (``_ring_kernel``): (centroids a tile, features a chunk, stages at most: the fast
 # mode's, the exact mode's); 128 rows a program. H100, 1M x 768 x 8,192 bf16, the search alone
-# (scripts/diag_resident_search.py, 2026-12-07): fast 18.82 ms with three stages, 19.82 with four;
-# exact 27.02 and 25.07. TORCHKM_HOPPER_RING_CONFIG=BLOCK_K,BLOCK_D,STAGES (both modes; experiments).
+# (scripts/diag_resident_search.py, 2026-12-07), folding keys: fast 18.65 ms with three stages,
+# 19.18 with four; exact 24.96 and 22.97 (its third best dropped, TORCHKM_HOPPER_RING_THIRD=0:
+# 22.55 and 23.27, kept). TORCHKM_HOPPER_RING_CONFIG=BLOCK_K,BLOCK_D,STAGES (both modes; experiments).
 _RING_CONFIG = (256, 64, 3, 4)
 
 
@@ -218,9 +225,20 @@ def ring_shape(d: int, size: int = 2, check: bool = False) -> tuple[int, int, in
 # (``TORCHKM_HOPPER_RING_EXACT=1``: the ring search there too); "1" the resident-row search in both;
 # "0" the tl.dot search in both. H100, 1M x 768 x 8,192 bf16, fused pass with sums replayed
 # (scripts/diag_resident_search.py, 2026-12-07), tl.dot / ring search: fast 26.17 / 22.00 ms, exact
-# 29.24 / 29.63 (its record's runner-up and third cost the ring search 5 ms); the resident-row
+# 29.24 / 29.63 (its record's runner-up and third cost the ring search 5 ms); folding keys
+# (``ring_packed``, later the same day) fast 26.67 / 22.13, exact 28.64 / 29.00; the resident-row
 # search was slower than the tl.dot search in both modes (the module's docstring).
 STREAMED_DEFAULT = "ring"
+
+
+# The ring search's fold over keys (``_ring_kernel``, PACKED): each score's column in its lowest 8
+# bits, so one float minimum a score finds the tile's best and its column (sm_90 SASS a tile and
+# thread: 1,192 -> 1,136 instructions fast, 2,344 -> 2,088 exact; H100, 1M x 768 x 8,192 bf16, the
+# search alone: fast 19.59 -> 18.65 ms, exact 26.90 -> 22.97, 2026-12-07).
+# TORCHKM_HOPPER_RING_PACKED=0: the scores as they are (A/B).
+def ring_packed() -> bool:
+    """Whether the ring search folds packed keys (``TORCHKM_HOPPER_RING_PACKED``, default on)."""
+    return os.environ.get("TORCHKM_HOPPER_RING_PACKED", "1") != "0"
 
 
 def _streamed_setting() -> str:
@@ -911,19 +929,19 @@ if gluon is not None:
     @gluon.jit
     def _ring_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                      fourth_ptr, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                     THIRD: gl.constexpr, HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
+                     THIRD: gl.constexpr, PACKED: gl.constexpr, HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
         if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
             if gl.load(control_ptr) == 0:
                 _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
-                           label3_ptr, fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, num_warps)
+                           label3_ptr, fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, PACKED, num_warps)
         else:
             _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
-                       fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, num_warps)
+                       fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, PACKED, num_warps)
 
     @gluon.jit
     def _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                    fourth_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                   THIRD: gl.constexpr, num_warps: gl.constexpr):
+                   THIRD: gl.constexpr, PACKED: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_D: gl.constexpr = c_desc.block_type.shape[1]
@@ -946,9 +964,13 @@ if gluon is not None:
         third = best
         label2 = label
         acc = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
+        PAD: gl.constexpr = _PAD_BIAS_TL if PACKED else float("inf")
         for j in range(n_tiles):
-            # The bias before the products, so that its latency hides behind them.
-            bias = gl.load(bias_ptr + j * BLOCK_K + cols, mask=j * BLOCK_K + cols < k, other=float("inf"))
+            # The bias before the products, so that its latency hides behind them. Packed, the
+            # padding centroids' scores must stay finite (an inf key's low bits would make a NaN).
+            bias = gl.load(bias_ptr + j * BLOCK_K + cols, mask=j * BLOCK_K + cols < k, other=PAD)
+            if PACKED and not CHECK:
+                bias = ((bias.to(gl.int32, bitcast=True) & -BLOCK_K) | cols).to(gl.float32, bitcast=True)
             acc = _stream_issue(x_smem.index((j * ND) % STAGES), c_smem, ready, acc, j * ND, False, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # in flight still: the loop's type
             for q in range(1, ND):
@@ -962,20 +984,42 @@ if gluon is not None:
             # better only, so an equal score in a later tile keeps the lower index. The scores
             # overwrite the product, whose registers the next tile's first product takes over.
             acc = acc + bias
-            m1 = gl.min(acc, axis=1)
-            i1 = gl.min(gl.where(acc == gl.expand_dims(m1, 1), cols, 2147483647), axis=1)
+            if PACKED:
+                # The column in the score's lowest bits: one float minimum a score finds both.
+                # Fast mode: one bitwise select a score, the column taken from the bias's low bits
+                # (set once a tile; its value moves by under 2^-15 of itself, far inside the
+                # centroids' bf16 rounding). Exact: the bias as it is, the column set in two steps.
+                if CHECK:
+                    acc = ((acc.to(gl.int32, bitcast=True) & -BLOCK_K) | cols).to(gl.float32, bitcast=True)
+                else:  # (asm: the compiler would see through the bias to the columns, two steps again)
+                    acc = gl.inline_asm_elementwise("lop3.b32 $0, $1, $2, 0xFFFFFF00, 0xE4;", "=r,r,r",
+                                                    [acc, bias], dtype=gl.float32, is_pure=True, pack=1)
+                m1 = gl.min(acc, axis=1)
+                i1 = m1.to(gl.int32, bitcast=True) & (BLOCK_K - 1)
+            else:
+                m1 = gl.min(acc, axis=1)
+                i1 = gl.min(gl.where(acc == gl.expand_dims(m1, 1), cols, 2147483647), axis=1)
             new = m1 < best
             if CHECK:
                 # The tile's runner-up (with its column) and third best, each with the columns
                 # above it masked out; then the running best three (the third as a value only): of
                 # two equal contenders the earlier tile's (lower index) ranks first.
-                acc = gl.where(cols == gl.expand_dims(i1, 1), float("inf"), acc)
-                m2 = gl.min(acc, axis=1)
-                i2 = gl.min(gl.where(acc == gl.expand_dims(m2, 1), cols, 2147483647), axis=1)
-                if THIRD:
-                    m3 = gl.min(gl.where(cols == gl.expand_dims(i2, 1), float("inf"), acc), axis=1)
-                else:  # the tile's runner-up as the bound on its third: three operations a score fewer
-                    m3 = m2
+                if PACKED:  # keys are distinct within a tile
+                    acc = gl.where(acc == gl.expand_dims(m1, 1), float("inf"), acc)
+                    m2 = gl.min(acc, axis=1)
+                    i2 = m2.to(gl.int32, bitcast=True) & (BLOCK_K - 1)
+                    if THIRD:
+                        m3 = gl.min(gl.where(acc == gl.expand_dims(m2, 1), float("inf"), acc), axis=1)
+                    else:
+                        m3 = m2
+                else:
+                    acc = gl.where(cols == gl.expand_dims(i1, 1), float("inf"), acc)
+                    m2 = gl.min(acc, axis=1)
+                    i2 = gl.min(gl.where(acc == gl.expand_dims(m2, 1), cols, 2147483647), axis=1)
+                    if THIRD:
+                        m3 = gl.min(gl.where(cols == gl.expand_dims(i2, 1), float("inf"), acc), axis=1)
+                    else:  # the tile's runner-up as the bound on its third: three operations a score fewer
+                        m3 = m2
                 kept = gl.where(new, best, second)
                 kept_label = gl.where(new, label, label2)
                 taken = gl.where(new, m2, m1)
@@ -987,6 +1031,21 @@ if gluon is not None:
                 label2 = gl.where(keeps, kept_label, taken_label)
             best = gl.where(new, m1, best)
             label = gl.where(new, j * BLOCK_K + i1, label)
+        if PACKED:
+            # A key is its score give or take 2^-15 of either (the cleared bits, within one
+            # binade): the record's values are moved by that much so that they bound the scores.
+            # The fast record's best is lowered (as the packed tl.dot search's); the exact one's
+            # raised, the others lowered, so that the epilogue's bounds, which take this record's
+            # values as scores (``packed`` is off here: no lowering), hold; the padding's keys
+            # become "none".
+            if CHECK:
+                best = best + (gl.abs(best) * _KEY_SLACK + 1.0e-30)
+                second = gl.where(second < 0.5 * _PAD_BIAS_TL, second - (gl.abs(second) * _KEY_SLACK + 1.0e-30),
+                                  float("inf"))
+                third = gl.where(third < 0.5 * _PAD_BIAS_TL, third - (gl.abs(third) * _KEY_SLACK + 1.0e-30),
+                                 float("inf"))
+            else:
+                best = best - (gl.abs(best) * _KEY_SLACK + 1.0e-30)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
@@ -1017,6 +1076,11 @@ _MAX_TILE_BITS = 10
 # The bias of the padding centroids of the last tile (the packed search reads them: they must lose).
 _PAD_BIAS = 1.0e30
 _PAD_BIAS_TL = tl.constexpr(_PAD_BIAS)
+# The ring search's keys (``ring_packed``): a key differs from its score by less than 2^-15 of
+# either's magnitude (8 low bits of 23 replaced, same binade); 2^-22 more for the adjustment's own
+# rounding (and an absolute 1e-30 for subnormal scores).
+RING_KEY_SLACK = 2.0**-15 + 2.0**-22
+_KEY_SLACK = tl.constexpr(RING_KEY_SLACK)
 
 
 def extra_k(dtype: torch.dtype) -> int:
@@ -1276,7 +1340,7 @@ def _search_ring(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: 
     _ring_kernel[(triton.cdiv(n, block_n),)](
         x_desc, c_desc, bias, *_record_rows(out, check), bias if control is None else control, n, c_mma.shape[0],
         ND=chunks, STAGES=stages, CHECK=check, THIRD=check and os.environ.get("TORCHKM_HOPPER_RING_THIRD") != "0",
-        HAS_CONTROL=control is not None, num_warps=block_n // 16)
+        PACKED=ring_packed(), HAS_CONTROL=control is not None, num_warps=block_n // 16)
 
 
 def _search_op_impl(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, records: torch.Tensor, slot: int,

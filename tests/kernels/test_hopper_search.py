@@ -155,6 +155,33 @@ def test_ring_shape_fits_shared_memory_and_serves_the_fast_mode(monkeypatch):
     assert hopper_search.streamed(rows) and hopper_search.streamed_checks(rows)
 
 
+def test_ring_keys_stay_within_their_slack(monkeypatch):
+    """The ring search's keys (``ring_packed``, on by default): a score with a column in its 8 lowest
+    bits stays within ``RING_KEY_SLACK`` of the key's magnitude (plus 1e-30, subnormals), so the
+    record's moves by that much bound the scores; keys order as their truncated scores, then their
+    columns (non-negative scores; negative ones within the slack either way)."""
+    monkeypatch.delenv("TORCHKM_HOPPER_RING_PACKED", raising=False)
+    assert hopper_search.ring_packed()
+    monkeypatch.setenv("TORCHKM_HOPPER_RING_PACKED", "0")
+    assert not hopper_search.ring_packed()
+    g = torch.Generator().manual_seed(5)
+    scores = torch.cat([torch.randn(100_000, generator=g) * 10.0 ** torch.randint(-30, 30, (100_000,), generator=g),
+                        torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e30, -3e38, 3e38])])
+    cols = torch.randint(0, 256, scores.shape, generator=g, dtype=torch.int32)
+    keys = ((scores.view(torch.int32) & -256) | cols).view(torch.float32)
+    assert torch.isfinite(keys).all()
+    slack = keys.double().abs() * hopper_search.RING_KEY_SLACK + 1e-30
+    assert ((keys.double() - scores.double()).abs() < slack).all()
+    # The record's moves, in fp32 as the kernel makes them, still bound the scores.
+    raised = keys + (keys.abs() * hopper_search.RING_KEY_SLACK + 1e-30)
+    lowered = keys - (keys.abs() * hopper_search.RING_KEY_SLACK + 1e-30)
+    assert (raised.double() >= scores.double()).all() and (lowered.double() <= scores.double()).all()
+    positive = scores >= 0
+    trunc = (scores.view(torch.int32) & -256)[positive].long()
+    order = torch.argsort(keys[positive])
+    assert (trunc[order].diff() >= 0).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [65, 129, 1000])
 def test_search_operands_split_the_bias_exactly(dtype, k):
@@ -486,13 +513,19 @@ def test_kernel_matches_reference(dtype, d, k, check):
         bits = hopper_search.tile_bits(k, rows.element_size(), d)
         margin = 1.5 * 2.0 ** (bits - 22) + (2.0 ** -21 if check and hopper_search.SECOND_SUMS_VALUE else 0.0)
         slack = margin * (top[:, :4].abs().max(dim=1).values + term) + 2.0 ** -17 * term
+    raised = 0.0
+    if not check and _ring_keys(rows):
+        # The ring search's fast keys: lowered by what their cleared bits hide, and raised by up to
+        # 2^-15 of the bias whose low bits carry the column (``hopper_search._ring_rows``).
+        slack = slack + 2 * hopper_search.RING_KEY_SLACK * top[:, :2].abs().max(dim=1).values
+        raised = 2.0**-15 * prepared.bias.double().abs().max()
     for f in ([0, 2, 4, 6] if check else [0]):
         assert not got[f].isnan().any(), f"record row {f} not written"
     record = got.double()
     labels = got.view(torch.int32).long()
-    assert (record[0] <= top[:, 0] + tol).all()
+    assert (record[0] <= top[:, 0] + tol + raised).all()
     assert (record[0] >= top[:, 0] - tol - slack).all()
-    clear = (top[:, 1] - top[:, 0]) > 2 * (tol + slack)
+    clear = (top[:, 1] - top[:, 0]) > 2 * (tol + slack + raised)
     assert (labels[1][clear] == order[:, 0][clear]).all()
     assert clear.float().mean() > 0.3
     if check:
@@ -547,6 +580,8 @@ def test_ring_search_matches_reference(monkeypatch, dtype, d, k, check):
     scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
     top, order = torch.sort(scores, dim=1, stable=True)
     tol = 2.0 ** -18 * 4 * (x.double().norm(dim=1) * c.double().norm(dim=1).max())
+    if _ring_keys(x):  # the keys' cleared bits, then the record's move past them
+        tol = tol + 2 * hopper_search.RING_KEY_SLACK * top[:, :3].abs().max(dim=1).values
     record, labels = got.double(), got.view(torch.int32).long()
     assert not record[[0, 2, 4, 6]].isnan().any()
     for f, rank in ((0, 0), (2, 1), (4, 2)):
@@ -558,6 +593,42 @@ def test_ring_search_matches_reference(monkeypatch, dtype, d, k, check):
     clear2 = clear & ((top[:, 2] - top[:, 1]) > 2 * tol)
     assert (labels[1][clear] == order[:, 0][clear]).all() and (labels[3][clear2] == order[:, 1][clear2]).all()
     assert clear2.float().mean() > 0.3
+
+
+def _ring_keys(rows: torch.Tensor) -> bool:
+    """Whether ``search`` takes ``rows`` through the ring search folding packed keys."""
+    return (hopper_search.streamed(rows) and hopper_search._streamed_setting() == "ring"
+            and hopper_search.ring_packed())
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
+@pytest.mark.parametrize("packed", ["1", "0"])
+@pytest.mark.parametrize("k", [1, 2, 256])
+def test_ring_search_without_runners_up(monkeypatch, packed, k):
+    """Fewer centroids than the exact record names (k = 1, 2) or one tile exactly (256): the missing
+    runner-up and third are +inf ("none"), whatever the padding columns scored; keys or scores."""
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "ring")
+    monkeypatch.setenv("TORCHKM_HOPPER_RING_PACKED", packed)
+    from torchkm._kernels.centroids import prepare_centroids
+
+    n, d = 1000, 520
+    x = torch.randn(n, d, device="cuda").to(torch.bfloat16)
+    c = x[torch.randperm(n, device="cuda")[:k]].float()
+    prepared = prepare_centroids(c, None, x.dtype, fast=True, split=False, exact=False)
+    got = torch.full((7, n), float("nan"), device="cuda")
+    hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=True)
+    labels = got.view(torch.int32).long()
+    scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
+    best = scores.min(dim=1).values
+    tol = 2.0**-16 * x.double().norm(dim=1) * c.double().norm(dim=1).max() + 2.0**-14 * best.abs()
+    assert ((labels[1] >= 0) & (labels[1] < k)).all()
+    assert (scores.gather(1, labels[1][:, None]).squeeze(1) <= best + tol).all()
+    assert ((got[0].double() - best).abs() <= tol).all()
+    if k == 1:
+        assert torch.isinf(got[2]).all() and torch.isinf(got[4]).all()
+    else:
+        assert torch.isfinite(got[2]).all() and ((labels[3] >= 0) & (labels[3] < k) & (labels[3] != labels[1])).all()
+        assert torch.isinf(got[4]).all() == (k == 2) and torch.isfinite(got[4]).all() == (k > 2)
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a Hopper GPU")
