@@ -57,6 +57,7 @@ def main() -> None:
     torch.cuda.synchronize()
     print("launched", args, flush=True)
     if args.kernels:
+        from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
         for mode in args.modes:
@@ -64,7 +65,7 @@ def main() -> None:
                 assign(x, c, precision=mode, offset=offset, sums=sums, counts=counts, labels=labels,
                        prev_labels=labels, store_sq_dist=False)
                 torch.cuda.synchronize()
-            events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" or "cuda" in str(e.device_type)]
+            events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
             total = sum(e.self_device_time_total for e in events) / 1e3
             print(f"{mode}: {total:.3f} ms of kernels", flush=True)
             for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:

@@ -927,6 +927,16 @@ if gluon is not None:
         _ring_fill(x_desc, c_desc, x_smem, c_smem, ready, t % STAGES, t + STAGES, row0, t + STAGES < steps, ND)
 
     @gluon.jit
+    def _with_columns(v, cols, BLOCK_K: gl.constexpr):
+        # ``v`` with its lowest bits replaced by the column (``ring_packed``'s keys).
+        return ((v.to(gl.int32, bitcast=True) & -BLOCK_K) | cols).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _key_slack(v):
+        # How far a key may be from its score (``RING_KEY_SLACK``), from the key.
+        return gl.abs(v) * _KEY_SLACK + 1.0e-30
+
+    @gluon.jit
     def _ring_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                      fourth_ptr, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
                      THIRD: gl.constexpr, PACKED: gl.constexpr, HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
@@ -970,7 +980,7 @@ if gluon is not None:
             # padding centroids' scores must stay finite (an inf key's low bits would make a NaN).
             bias = gl.load(bias_ptr + j * BLOCK_K + cols, mask=j * BLOCK_K + cols < k, other=PAD)
             if PACKED and not CHECK:
-                bias = ((bias.to(gl.int32, bitcast=True) & -BLOCK_K) | cols).to(gl.float32, bitcast=True)
+                bias = _with_columns(bias, cols, BLOCK_K)
             acc = _stream_issue(x_smem.index((j * ND) % STAGES), c_smem, ready, acc, j * ND, False, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # in flight still: the loop's type
             for q in range(1, ND):
@@ -990,7 +1000,7 @@ if gluon is not None:
                 # (set once a tile; its value moves by under 2^-15 of itself, far inside the
                 # centroids' bf16 rounding). Exact: the bias as it is, the column set in two steps.
                 if CHECK:
-                    acc = ((acc.to(gl.int32, bitcast=True) & -BLOCK_K) | cols).to(gl.float32, bitcast=True)
+                    acc = _with_columns(acc, cols, BLOCK_K)
                 else:  # (asm: the compiler would see through the bias to the columns, two steps again)
                     acc = gl.inline_asm_elementwise("lop3.b32 $0, $1, $2, 0xFFFFFF00, 0xE4;", "=r,r,r",
                                                     [acc, bias], dtype=gl.float32, is_pure=True, pack=1)
@@ -1039,13 +1049,11 @@ if gluon is not None:
             # values as scores (``packed`` is off here: no lowering), hold; the padding's keys
             # become "none".
             if CHECK:
-                best = best + (gl.abs(best) * _KEY_SLACK + 1.0e-30)
-                second = gl.where(second < 0.5 * _PAD_BIAS_TL, second - (gl.abs(second) * _KEY_SLACK + 1.0e-30),
-                                  float("inf"))
-                third = gl.where(third < 0.5 * _PAD_BIAS_TL, third - (gl.abs(third) * _KEY_SLACK + 1.0e-30),
-                                 float("inf"))
+                best = best + _key_slack(best)
+                second = gl.where(second < 0.5 * _PAD_BIAS_TL, second - _key_slack(second), float("inf"))
+                third = gl.where(third < 0.5 * _PAD_BIAS_TL, third - _key_slack(third), float("inf"))
             else:
-                best = best - (gl.abs(best) * _KEY_SLACK + 1.0e-30)
+                best = best - _key_slack(best)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
         rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
