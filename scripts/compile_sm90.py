@@ -98,17 +98,19 @@ class Compiler:
 common.launcher = lambda fn: Compiler(fn)
 
 
-def compile_hopper_search(n, d, k, dtype, check, half, centred=False):
+def compile_hopper_search(n, d, k, dtype, check, half, centred=False, min_chunk=0):
     """One Gluon search launch as ``assign`` would make it: rows of ``dtype`` (fp32 rows as fp16
     operands with ``half``, less the offset with ``centred``), packed where ``hopper_search.packed``
-    says."""
+    says; with ``min_chunk``, writing chunk minima of that many centroids (the ring search's exact
+    record)."""
     rows_dtype = torch.float16 if half else dtype
     x = torch.empty(n, d, dtype=dtype)
     c_mma = torch.zeros(k, d, dtype=rows_dtype)
     bias = torch.zeros(k)
     operands = H.search_operands_reference(bias, rows_dtype) if H.packed(x, k, half=half) else None
     H.search(x, c_mma, bias, torch.empty(H.record_rows(check), n), check=check, offset=torch.zeros(d),
-             operands=operands, half_scale=torch.ones(3) if half else None, centred=centred)
+             operands=operands, half_scale=torch.ones(3) if half else None, centred=centred,
+             **({"chunk_mins": torch.empty(n * -(-k // min_chunk)), "min_chunk": min_chunk} if min_chunk else {}))
 # Imported after the patch above, so that every launcher the modules build compiles instead.
 import torchkm._kernels.assign as A  # noqa: E402
 import torchkm._kernels.boxes as B  # noqa: E402
@@ -211,6 +213,8 @@ def main():
                 setting, os.environ["TORCHKM_HOPPER_STREAMED"] = os.environ["TORCHKM_HOPPER_STREAMED"], "ring"
                 for check in (False, True):
                     compile_hopper_search(n, d, k, dt, check, half)
+                # With the chunk minima its exact pass's candidate re-search reads (``search_chunk_mins``).
+                compile_hopper_search(n, d, k, dt, True, half, min_chunk=512)
                 os.environ["TORCHKM_HOPPER_STREAMED"] = setting
     if args.workloads:
         return

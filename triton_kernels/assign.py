@@ -2417,6 +2417,8 @@ class AssignPass:
         self.flag_rows = torch.empty(n if self.check else 1, dtype=torch.int32, device=device)
         self.cand_cap = self.copy_rows = self.neighbours = 0
         self.chunk_mins: torch.Tensor | None = None
+        # Which search writes ``chunk_mins``: the Hopper search, the eager tl.dot search's epilogue.
+        self.search_mins = self.eager_mins = False
         self.half = self.hopper = False
         self.half_rows = 0  # rows of the streamed search's fp16 copy, 0 for none
         # ``fixed_rows``: every call gets the same x, unchanged (a fit's engine), so the largest |x|
@@ -2624,8 +2626,13 @@ class AssignPass:
                     # hold a winner. H200, 1M x 768, k = 8192, Lloyd-2 centroids, 8 chunks: candidate
                     # products fp32 16.8 -> 7.2 ms, bf16 10.3 -> 5.2 (scripts/diag_streamed.py,
                     # 2026-11-22). ``TORCHKM_CHUNK_MINS=0``: every chunk (experiments).
-                    if (self.cfg["EAGER"] and not self.cfg["SWAP"] and self.research_chunk % self.cfg["BLOCK_K"] == 0
-                            and os.environ.get("TORCHKM_CHUNK_MINS", "1") != "0"):
+                    # The ring search writes them too (wide 16-bit rows, ``hopper_search.search_chunk_mins``):
+                    # without them its exact pass's candidate re-search scored every chunk.
+                    self.search_mins = (self.hopper and not self.traced
+                                        and hopper_search.search_chunk_mins(x, self.research_chunk, check=True))
+                    self.eager_mins = (self.cfg["EAGER"] and not self.cfg["SWAP"]
+                                       and self.research_chunk % self.cfg["BLOCK_K"] == 0)
+                    if (self.search_mins or self.eager_mins) and os.environ.get("TORCHKM_CHUNK_MINS", "1") != "0":
                         self.chunk_mins = torch.empty(n * self.research_chunks, dtype=torch.float32, device=device)
         # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
         # pruned Lloyd's settle pass), so that one reduction sees both.
@@ -2638,14 +2645,15 @@ class AssignPass:
             self.part_changed.zero_()
 
     def _searched_chunks(self, x: torch.Tensor, prepared: Any, control: torch.Tensor | None, main: dict[str, Any],
-                         half: bool = False) -> None:
+                         half: bool = False, chunk_mins: bool = False) -> None:
         """The Hopper search and the epilogue over it, chunk by chunk. With ``overlap``, chunk i's
         search runs on side stream i % 2 into record i % 2, once the epilogue that read that record
         (chunk i - 2's) is done: a search can start while the previous one drains and the
         epilogue runs. The caller's stream waits for every search it reads, so all work has joined
         it on return (also under CUDA graph capture). ``main``: the epilogue launch's arguments, its
         rows per program in ``BLOCK_N``. ``half``: the search scales each row tile into fp16 as it
-        loads it, and the epilogue scales the record back."""
+        loads it, and the epilogue scales the record back. ``chunk_mins``: the search writes the
+        rows' chunk minima (``search_mins``)."""
         if self.searched is None:
             self.searched = torch.empty(2 if self.overlap else 1, hopper_search.record_rows(self.check),
                                         self.chunk_rows, dtype=torch.float32, device=x.device)
@@ -2665,6 +2673,8 @@ class AssignPass:
         for chunk in range(self.n_chunks):
             start = chunk * self.chunk_rows
             record = self.searched[chunk % len(self.searched)]
+            mins = (dict(chunk_mins=self.chunk_mins[start * self.research_chunks:], min_chunk=self.research_chunk)
+                    if chunk_mins else {})
             if self.overlap:
                 stream = self.search_streams[chunk % 2]
                 with torch.cuda.stream(stream):
@@ -2672,7 +2682,7 @@ class AssignPass:
                         stream.wait_event(read[chunk - 2])
                     hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, bias, record,
                                          check=self.check, control=control, offset=offset, operands=operands,
-                                         half_scale=half_scale, centred=centred)
+                                         half_scale=half_scale, centred=centred, **mins)
                 caller.wait_stream(stream)
             elif self.traced:
                 hopper_search.search_in_graph(x[start:start + self.chunk_rows], prepared.c_mma, prepared.bias,
@@ -2681,7 +2691,7 @@ class AssignPass:
             else:
                 hopper_search.search(x[start:start + self.chunk_rows], prepared.c_mma, bias, record,
                                      check=self.check, control=control, offset=offset, operands=operands,
-                                     half_scale=half_scale, centred=centred)
+                                     half_scale=half_scale, centred=centred, **mins)
             launcher(_assign_kernel)[(self.chunk_grid,)](
                 x, prepared.c_mma, searched_ptr=record, SEARCHED=True, part_base=chunk * self.chunk_grid,
                 tile_offset=start // main["BLOCK_N"], searched_stride=self.chunk_rows,
@@ -2927,7 +2937,10 @@ class AssignPass:
                           "bias_coef": bound_args["bias_coef"] + cleared,
                           "pair_acc_coef": bound_args["pair_acc_coef"] + 2.0 * cleared}
         candidates = split_research and bool(self.cand_cap) and bool(bound_args["DISTANCE_BOUND"])
-        chunk_mins = candidates and self.chunk_mins is not None and bool(self.main_grid) and not searched
+        # The chunk minima come from the eager tl.dot search's epilogue (``CHUNK_MINS``) or from the
+        # Hopper search (``search_mins``), whichever searched.
+        chunk_mins = (candidates and self.chunk_mins is not None and bool(self.main_grid)
+                      and (self.search_mins if searched else self.eager_mins))
         # Feature chunk of the epilogue: narrow, as wide chunks of 64-bit row pointers (and the one-hot
         # product's operands) spill registers. Triton 3.6, sm_90 (scripts/compile_sm90.py's
         # stand-ins, 2026-12-05, benchmarks/results/2026-12-05_cpu_s19_compile_*), 245,760 x 32,
@@ -2952,7 +2965,8 @@ class AssignPass:
                 row_count_ptr=spare("row_count", torch.int32) if rows is None else rows[1],
                 flag_count_ptr=self.flag_count, flag_rows_ptr=self.flag_rows, key_ptr=keys,
                 chunk_min_ptr=self.chunk_mins if chunk_mins else spare("chunk_mins"),
-                min_chunk=self.research_chunk if chunk_mins else 1, CHUNK_MINS=chunk_mins, PACK_KEYS=pack_keys,
+                min_chunk=self.research_chunk if chunk_mins else 1, CHUNK_MINS=chunk_mins and not searched,
+                PACK_KEYS=pack_keys,
                 LAZY_BITS=lazy_bits,
                 half_ptr=prepared.half_scale if half else spare("half"), HALF=half,
                 xh_ptr=spare("xh", torch.float16),
@@ -2984,7 +2998,8 @@ class AssignPass:
                 main["maxnreg"] = cap
             if searched:
                 block_n, warps = self.epilogue_shape
-                self._searched_chunks(x, prepared, control, {**main, "BLOCK_N": block_n, "num_warps": warps}, half)
+                self._searched_chunks(x, prepared, control, {**main, "BLOCK_N": block_n, "num_warps": warps}, half,
+                                      chunk_mins=chunk_mins)
             elif half:
                 self._half_chunks(x, prepared, cfg["BLOCK_N"], main, spare("searched"))
             else:

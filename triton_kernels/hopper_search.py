@@ -94,8 +94,8 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
     gluon = None
 
 __all__ = ["available", "chunk_rows", "mode", "packed", "record_rows", "ring_shape", "search", "search_in_graph",
-           "search_operands", "search_operands_reference", "search_reference", "streamed", "streamed_checks",
-           "streamed_shape", "supported", "traced", "in_traced_passes"]
+           "search_chunk_mins", "search_operands", "search_operands_reference", "search_reference", "streamed",
+           "streamed_checks", "streamed_shape", "supported", "traced", "in_traced_passes"]
 
 # Tile shapes: (rows, centroids, stages, warps, group). Rows are the wgmma's M (16 per warp),
 # centroids its N; the row tile stays in shared memory beside the centroid stages; ``group``:
@@ -239,6 +239,17 @@ STREAMED_DEFAULT = "ring"
 def ring_packed() -> bool:
     """Whether the ring search folds packed keys (``TORCHKM_HOPPER_RING_PACKED``, default on)."""
     return os.environ.get("TORCHKM_HOPPER_RING_PACKED", "1") != "0"
+
+
+def search_chunk_mins(x: torch.Tensor, chunk: int, *, check: bool, half: bool = False) -> bool:
+    """Whether ``search`` over rows ``x`` writes chunk minima (its ``chunk_mins``) of ``chunk``
+    centroids: the ring search's exact record (``check``; 16-bit rows read as they are, of more than
+    256 padded features, under ``TORCHKM_HOPPER_STREAMED=ring``), in chunks of whole centroid tiles."""
+    if not check or half or x.dtype not in (torch.float16, torch.bfloat16) or x.dim() != 2:
+        return False
+    if _padded(x.shape[1]) <= 256 or _streamed_setting() != "ring":
+        return False
+    return chunk > 0 and chunk % ring_shape(x.shape[1], x.element_size(), check)[1] == 0
 
 
 def _streamed_setting() -> str:
@@ -938,20 +949,22 @@ if gluon is not None:
 
     @gluon.jit
     def _ring_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
-                     fourth_ptr, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                     THIRD: gl.constexpr, PACKED: gl.constexpr, HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
+                     fourth_ptr, min_ptr, n_mins, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr,
+                     CHECK: gl.constexpr, THIRD: gl.constexpr, PACKED: gl.constexpr, MIN_TILES: gl.constexpr,
+                     HAS_CONTROL: gl.constexpr, num_warps: gl.constexpr):
         if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
             if gl.load(control_ptr) == 0:
                 _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr,
-                           label3_ptr, fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, PACKED, num_warps)
+                           label3_ptr, fourth_ptr, min_ptr, n_mins, n, k, ND, STAGES, CHECK, THIRD, PACKED,
+                           MIN_TILES, num_warps)
         else:
             _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
-                       fourth_ptr, n, k, ND, STAGES, CHECK, THIRD, PACKED, num_warps)
+                       fourth_ptr, min_ptr, n_mins, n, k, ND, STAGES, CHECK, THIRD, PACKED, MIN_TILES, num_warps)
 
     @gluon.jit
     def _ring_rows(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
-                   fourth_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
-                   THIRD: gl.constexpr, PACKED: gl.constexpr, num_warps: gl.constexpr):
+                   fourth_ptr, min_ptr, n_mins, n, k, ND: gl.constexpr, STAGES: gl.constexpr, CHECK: gl.constexpr,
+                   THIRD: gl.constexpr, PACKED: gl.constexpr, MIN_TILES: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_D: gl.constexpr = c_desc.block_type.shape[1]
@@ -975,6 +988,9 @@ if gluon is not None:
         label2 = label
         acc = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, layout)
         PAD: gl.constexpr = _PAD_BIAS_TL if PACKED else float("inf")
+        if MIN_TILES:
+            gl.static_assert(CHECK, "chunk minima: the exact record's")
+            chunk_best = best
         for j in range(n_tiles):
             # The bias before the products, so that its latency hides behind them. Packed, the
             # padding centroids' scores must stay finite (an inf key's low bits would make a NaN).
@@ -1010,6 +1026,18 @@ if gluon is not None:
                 m1 = gl.min(acc, axis=1)
                 i1 = gl.min(gl.where(acc == gl.expand_dims(m1, 1), cols, 2147483647), axis=1)
             new = m1 < best
+            if MIN_TILES:
+                # Each row's lowest score in every MIN_TILES tiles (``search``'s ``chunk_mins``), so
+                # that the candidate re-search scores a deferred row again only in the chunks that
+                # could hold a winner. A key is lowered by its slack: a minimum bounds its scores.
+                chunk_best = gl.minimum(chunk_best, m1)
+                if (j + 1) % MIN_TILES == 0 or j == n_tiles - 1:
+                    if PACKED:
+                        chunk_best = gl.where(chunk_best < 0.5 * _PAD_BIAS_TL, chunk_best - _key_slack(chunk_best),
+                                              float("inf"))
+                    min_rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+                    gl.store(min_ptr + min_rows.to(gl.int64) * n_mins + j // MIN_TILES, chunk_best, mask=min_rows < n)
+                    chunk_best = gl.full([BLOCK_N], float("inf"), gl.float32, gl.SliceLayout(1, layout))
             if CHECK:
                 # The tile's runner-up (with its column) and third best, each with the columns
                 # above it masked out; then the running best three (the third as a value only): of
@@ -1197,9 +1225,11 @@ def search_operands_reference(bias: torch.Tensor, dtype: torch.dtype) -> torch.T
 
 def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
                      control: torch.Tensor | None = None, half_scale: torch.Tensor | None = None,
-                     offset: torch.Tensor | None = None, centred: bool = False) -> None:
+                     offset: torch.Tensor | None = None, centred: bool = False,
+                     chunk_mins: torch.Tensor | None = None, min_chunk: int = 0) -> None:
     """``search`` in torch (fp32 products, an (n, k) score matrix: small sizes only); the same record,
-    ties to the lowest index, with the scores' own values (as the unpacked search's)."""
+    ties to the lowest index, with the scores' own values (as the unpacked search's), and the chunk
+    minima where asked for."""
     if control is not None and int(control.reshape(-1)[0]) != 0:
         return
     n = x.shape[0]
@@ -1216,6 +1246,10 @@ def search_reference(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
         out[4, :n] = values[:, 2]
         labels[5, :n] = torch.where(values[:, 2].isinf(), -1, order[:, 2]).to(torch.int32)
         out[6, :n] = values[:, 3] if values.shape[1] > 3 else float("inf")
+    if chunk_mins is not None:
+        n_mins = triton.cdiv(scores.shape[1], min_chunk)
+        padded = torch.nn.functional.pad(scores, (0, n_mins * min_chunk - scores.shape[1]), value=float("inf"))
+        chunk_mins[:n * n_mins] = padded.view(n, n_mins, min_chunk).amin(dim=2).reshape(-1)
 
 
 def _check_mode(check: bool, is_packed: bool) -> int:
@@ -1229,7 +1263,7 @@ def _check_mode(check: bool, is_packed: bool) -> int:
 def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
            control: torch.Tensor | None = None, offset: torch.Tensor | None = None,
            operands: torch.Tensor | None = None, half_scale: torch.Tensor | None = None,
-           centred: bool = False) -> None:
+           centred: bool = False, chunk_mins: torch.Tensor | None = None, min_chunk: int = 0) -> None:
     """Write each row's search result into the first n columns of ``out`` (float32, (``record_rows``,
     m >= n), rows contiguous): rows 0-1 are the best score and its index (int32 bits); with
     ``check`` rows 2-6 are the second best and its index, a lower bound on every other score (the
@@ -1246,7 +1280,10 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
     ``centred`` (with ``half_scale`` and ``offset``; the exact passes' default, ``TORCHKM_CENTRED_OPERANDS=0`` off):
     each row tile is converted as (x - offset) s, so fp16 rounds a row by its centred norm, and
     ``bias`` is then ``||c~||^2`` alone (``centroids.Prepared.bias_centred``), not ``||c~||^2 + 2 m.c~``. Call only where
-    ``supported`` (with ``dtype=torch.float16`` for ``half_scale``). Under
+    ``supported`` (with ``dtype=torch.float16`` for ``half_scale``). ``chunk_mins`` (where
+    ``search_chunk_mins(x, min_chunk, check=check)``): float32, (n, cdiv(k, ``min_chunk``)) row-major,
+    receiving a lower bound on each row's scores in every run of ``min_chunk`` centroids, the last
+    run shorter (as the eager tl.dot search's ``CHUNK_MINS``, for the candidate re-search). Under
     ``TORCHKM_HOPPER_SEARCH=reference``, ``search_reference``."""
     if out.dim() != 2 or out.shape[0] < record_rows(check) or out.shape[1] < x.shape[0] or out.stride(1) != 1:
         raise ValueError(f"search record: expected ({record_rows(check)}, >= {x.shape[0]}) float32 with contiguous "
@@ -1257,15 +1294,25 @@ def search(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.
                          f"{c_mma.dtype}")
     if centred and (not half or offset is None):
         raise ValueError("centred operands are fp16 ones (half_scale) of rows less an offset")
+    if chunk_mins is not None:
+        n_mins = triton.cdiv(c_mma.shape[0], max(1, min_chunk))
+        if not search_chunk_mins(x, min_chunk, check=check, half=half):
+            raise ValueError(f"chunk minima of {min_chunk} centroids: only the ring search's exact record (16-bit "
+                             f"rows of over 256 padded features, chunks of whole {ring_shape(x.shape[1])[1]}-"
+                             f"centroid tiles), got {x.dtype} rows of {x.shape[1]} features, check={check}")
+        if chunk_mins.dtype != torch.float32 or not chunk_mins.is_contiguous() or chunk_mins.numel() < x.shape[0] * n_mins:
+            raise ValueError(f"chunk minima: expected contiguous float32 of at least {x.shape[0] * n_mins} values, "
+                             f"got {chunk_mins.dtype} {tuple(chunk_mins.shape)}")
     if mode() == "reference":
         search_reference(x, c_mma, bias, out, check=check, control=control, half_scale=half_scale, offset=offset,
-                         centred=centred)
+                         centred=centred, chunk_mins=chunk_mins, min_chunk=min_chunk)
         return
     n, d = x.shape
     k = c_mma.shape[0]
     if not half and _padded(d) > 256:
         if _streamed_setting() == "ring":
-            _search_ring(x, c_mma, bias, out, check=check, control=control)
+            _search_ring(x, c_mma, bias, out, check=check, control=control, chunk_mins=chunk_mins,
+                         min_chunk=min_chunk)
         else:
             _search_streamed(x, c_mma, bias, out, check=check, control=control)
         return
@@ -1336,19 +1383,22 @@ def _search_streamed(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, o
 
 
 def _search_ring(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, *, check: bool,
-                 control: torch.Tensor | None) -> None:
+                 control: torch.Tensor | None, chunk_mins: torch.Tensor | None = None, min_chunk: int = 0) -> None:
     """``search`` over 16-bit rows of more than 256 padded features (``_ring_kernel``)."""
     n, d = x.shape
     block_n, block_k, block_d, chunks, stages = ring_shape(d, x.element_size(), check)
+    n_mins = triton.cdiv(c_mma.shape[0], min_chunk) if chunk_mins is not None else 0
     dtype = _gl_dtype(x.dtype)
     x_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_d], dtype)
     c_layout = gl.NVMMASharedLayout.get_default_for([block_k, block_d], dtype)
     x_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [block_n, block_d], x_layout)
     c_desc = TensorDescriptor(c_mma, list(c_mma.shape), list(c_mma.stride()), [block_k, block_d], c_layout)
     _ring_kernel[(triton.cdiv(n, block_n),)](
-        x_desc, c_desc, bias, *_record_rows(out, check), bias if control is None else control, n, c_mma.shape[0],
+        x_desc, c_desc, bias, *_record_rows(out, check), bias if chunk_mins is None else chunk_mins, n_mins,
+        bias if control is None else control, n, c_mma.shape[0],
         ND=chunks, STAGES=stages, CHECK=check, THIRD=check and os.environ.get("TORCHKM_HOPPER_RING_THIRD") != "0",
-        PACKED=ring_packed(), HAS_CONTROL=control is not None, num_warps=block_n // 16)
+        PACKED=ring_packed(), MIN_TILES=min_chunk // block_k if chunk_mins is not None else 0,
+        HAS_CONTROL=control is not None, num_warps=block_n // 16)
 
 
 def _search_op_impl(x: torch.Tensor, c_mma: torch.Tensor, bias: torch.Tensor, records: torch.Tensor, slot: int,

@@ -335,6 +335,52 @@ def test_searched_pass_over_streamed_rows_matches_float64(searched, monkeypatch,
     assert len(searched) == (3 if chunk else 1), "the pass did not take the search record chunk by chunk"
 
 
+def test_ring_chunk_minima_reach_the_candidate_re_search(searched, monkeypatch):
+    """Wide 16-bit rows under the ring search's exact record (``TORCHKM_HOPPER_RING_EXACT=1``): the
+    search writes each row's lowest score in every chunk of the re-search (``search_chunk_mins``),
+    so the candidate plan lists a deferred row only in the chunks that could hold its winner.
+    Clusters of four near centroids, each cluster inside one chunk: with the minima the plan lists
+    deferred rows in fewer than every chunk, and the labels, sums and counts are float64's with
+    and without them (fp16 rows: the interpreter's bf16 is not the GPU's)."""
+    monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "ring")
+    monkeypatch.setenv("TORCHKM_HOPPER_RING_EXACT", "1")
+    monkeypatch.setenv("TORCHKM_RESEARCH_CHUNKS", "2")
+    monkeypatch.setenv("TORCHKM_NEIGHBOURS", "0")  # (their lists would take these rows from the chunks)
+    n, d, k = 600, 312, 512
+    g = torch.Generator().manual_seed(11)
+    centres = torch.rand(k // 4, d, generator=g)
+    c = centres.repeat_interleave(4, dim=0) + 2e-3 * torch.randn(k, d, generator=g)
+    x = (centres[torch.randint(0, k // 4, (n,), generator=g)] + 0.05 * torch.randn(n, d, generator=g)).half()
+    x, c = x.to(DEVICE), c.to(DEVICE)
+    minima = []
+    reference = hopper_search.search_reference
+
+    def spy(*args, **kwargs):
+        minima.append(kwargs.get("chunk_mins") is not None)
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(hopper_search, "search_reference", spy)
+    for setting in ("1", "0"):
+        monkeypatch.setenv("TORCHKM_CHUNK_MINS", setting)
+        p = AssignPass(x, k, "exact", update=True)
+        assert p.hopper and p.research_chunks == 2 and p.research_chunk == 256 and p.cand_cap
+        assert p.search_mins and (p.chunk_mins is not None) == (setting == "1")
+        labels = torch.empty(n, dtype=torch.int64, device=DEVICE)
+        p(x, c, offset=None, row_scale=None, raw_norms=x.float().norm(dim=1), sample_weight=None,
+          prev_labels=None, labels=labels)
+        assert minima[-1] == (setting == "1")
+        _check_labels(x.float(), c, labels, "exact")
+        ref_sums, ref_counts = update_reference(x.float(), labels, k)
+        torch.testing.assert_close(p.acc_sums.sum(0), ref_sums, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(p.acc_counts.sum(0), ref_counts)
+        deferred = int(p.flag_count[0])
+        assert deferred > 20, "too few rows deferred to test the plan"
+        if setting == "1":
+            # (Without minima, over so few rows, the candidate launch takes every chunk without a plan.)
+            listed = int(p.flag_count[p.lists_at:p.lists_at + 2 * p.research_chunks].sum())
+            assert 0 < listed < deferred * p.research_chunks, (listed, deferred)
+
+
 def test_epilogue_shape(monkeypatch):
     """The epilogue after the search runs 64-row programs of four warps (the tl.dot configs' tiles
     of 128-256 rows stay with the tl.dot search); the persistent one-hot carry keeps its config's;
@@ -515,16 +561,18 @@ def test_kernel_matches_reference(dtype, d, k, check):
         slack = margin * (top[:, :4].abs().max(dim=1).values + term) + 2.0 ** -17 * term
     raised = 0.0
     if not check and _ring_keys(rows):
-        # The ring search's fast keys: lowered by what their cleared bits hide, and raised by up to
-        # 2^-15 of the bias whose low bits carry the column (``hopper_search._ring_rows``).
+        # The ring search's fast keys: lowered by what their cleared bits hide, and moved either way
+        # by up to 2^-15 of the bias whose low bits carry the column (``hopper_search._ring_rows``).
         slack = slack + 2 * hopper_search.RING_KEY_SLACK * top[:, :2].abs().max(dim=1).values
         raised = 2.0**-15 * prepared.bias.double().abs().max()
     for f in ([0, 2, 4, 6] if check else [0]):
         assert not got[f].isnan().any(), f"record row {f} not written"
     record = got.double()
     labels = got.view(torch.int32).long()
-    assert (record[0] <= top[:, 0] + tol + raised).all()
-    assert (record[0] >= top[:, 0] - tol - slack).all()
+    over = (record[0] - top[:, 0] - tol - raised) / scale
+    assert (over <= 0).all(), f"best over its score by {over.max():.3g} x |x| max|c| (tol {tol.max() / scale.max():.3g})"
+    under = (top[:, 0] - tol - slack - raised - record[0]) / scale
+    assert (under <= 0).all(), f"best under its score by {under.max():.3g} x |x| max|c|"
     clear = (top[:, 1] - top[:, 0]) > 2 * (tol + slack + raised)
     assert (labels[1][clear] == order[:, 0][clear]).all()
     assert clear.float().mean() > 0.3
@@ -564,7 +612,9 @@ def test_ring_search_matches_reference(monkeypatch, dtype, d, k, check):
     last centroid tile of one column (257), rows not a multiple of the tile; fresh random rows,
     the record poisoned. The fast record as ``test_kernel_matches_reference`` holds it; the exact
     one's best two are the true best two (scores and indices, where their gaps are clear), its
-    third the third-best score, with no third candidate (label3 -1, the rest's bound the third's)."""
+    third the third-best score, with no third candidate (label3 -1, the rest's bound the third's);
+    its chunk minima (runs of one and of two centroid tiles, the last run short) bound each run's
+    scores from below, within the scores' error."""
     from torchkm._kernels.centroids import prepare_centroids
 
     monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "ring")
@@ -575,11 +625,27 @@ def test_ring_search_matches_reference(monkeypatch, dtype, d, k, check):
     x = torch.randn(n, d, device="cuda").to(dtype)
     c = x[torch.randperm(n, device="cuda")[:k]].float() + 0.01 * torch.randn(k, d, device="cuda")
     prepared = prepare_centroids(c, None, dtype, fast=True, split=False, exact=False)
+    scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
+    tol = 2.0 ** -18 * 4 * (x.double().norm(dim=1) * c.double().norm(dim=1).max())
+    for min_chunk in (256, 512):
+        assert hopper_search.search_chunk_mins(x, min_chunk, check=True)
+        n_mins = -(-k // min_chunk)
+        mins = torch.full((n * n_mins + 5,), float("nan"), device="cuda")
+        got = torch.full((7, n), float("nan"), device="cuda")
+        hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=True, chunk_mins=mins,
+                             min_chunk=min_chunk)
+        assert mins[n * n_mins:].isnan().all()
+        runs = torch.nn.functional.pad(scores, (0, n_mins * min_chunk - k), value=float("inf"))
+        want = runs.view(n, n_mins, min_chunk).amin(dim=2)
+        mins = mins[:n * n_mins].view(n, n_mins).double()
+        slack = (2 * hopper_search.RING_KEY_SLACK * want.abs() + 1e-29) if _ring_keys(x) else 0.0
+        assert (mins <= want + tol[:, None]).all() and (mins >= want - tol[:, None] - slack).all(), min_chunk
+    with pytest.raises(ValueError, match="chunk minima"):  # the fast record has none
+        hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=False,
+                             chunk_mins=torch.empty(n * k, device="cuda"), min_chunk=256)
     got = torch.full((7, n), float("nan"), device="cuda")
     hopper_search.search(x, prepared.c_mma, prepared.bias, got, check=True)
-    scores = prepared.bias.double()[None, :] + x.double() @ prepared.c_mma.double().T
     top, order = torch.sort(scores, dim=1, stable=True)
-    tol = 2.0 ** -18 * 4 * (x.double().norm(dim=1) * c.double().norm(dim=1).max())
     if _ring_keys(x):  # the keys' cleared bits, then the record's move past them
         tol = tol + 2 * hopper_search.RING_KEY_SLACK * top[:, :3].abs().max(dim=1).values
     record, labels = got.double(), got.view(torch.int32).long()
