@@ -51,7 +51,10 @@ tile's best with its column, and the exact record's runner-up and third each tak
 minimum; the record's values then move by the cleared bits (``RING_KEY_SLACK``) so that they
 still bound the scores. H100, the search alone, scores -> keys: fast 19.59 -> 18.65 ms, exact
 26.90 -> 22.97; the passes then fast 22.13, exact 29.00 against the tl.dot search's 28.64
-(its pass time is now mostly outside the search: the epilogue and the re-searched rows).
+(its pass time is now mostly outside the search: the epilogue and the re-searched rows). With the
+exact record's chunk minima (``search_chunk_mins``: the candidate re-search then skips the chunks
+that cannot hold a winner, 3.80 -> 0.86 ms) the exact mode takes the ring search too, by default:
+H100, 1M x 768 x 8,192 bf16, Lloyd iteration 29.80 -> 27.20 ms (two processes, one machine).
 
 The resident-row search (``_streamed_kernel``, ``TORCHKM_HOPPER_STREAMED=1``): the row tile stays
 in shared memory as chunks of 64 features (128 rows of 768 bf16 features: 192 KiB) and the
@@ -221,8 +224,9 @@ def ring_shape(d: int, size: int = 2, check: bool = False) -> tuple[int, int, in
 
 
 # Which search 16-bit rows of more than 256 padded features take (``TORCHKM_HOPPER_STREAMED``):
-# "ring" (the default) the ring search in the fast mode and the tl.dot search in the exact mode
-# (``TORCHKM_HOPPER_RING_EXACT=1``: the ring search there too); "1" the resident-row search in both;
+# "ring" (the default) the ring search in both modes (``TORCHKM_HOPPER_RING_EXACT=0``: the tl.dot
+# search in the exact mode; Lloyd iteration at 1M x 768 x 8,192 bf16 on an H100, bench_lloyd
+# 2026-12-07, with the chunk minima: 27.20 ms against 29.80); "1" the resident-row search in both;
 # "0" the tl.dot search in both. H100, 1M x 768 x 8,192 bf16, fused pass with sums replayed
 # (scripts/diag_resident_search.py, 2026-12-07), tl.dot / ring search: fast 26.17 / 22.00 ms, exact
 # 29.24 / 29.63 (its record's runner-up and third cost the ring search 5 ms); folding keys
@@ -257,9 +261,10 @@ def _streamed_setting() -> str:
 
 
 def streamed_checks(x: torch.Tensor) -> bool:
-    """Whether the exact mode over ``x`` takes the streamed search too (where ``streamed``): not under
-    ``TORCHKM_HOPPER_STREAMED=ring`` (the default), unless ``TORCHKM_HOPPER_RING_EXACT=1``."""
-    return _streamed_setting() != "ring" or os.environ.get("TORCHKM_HOPPER_RING_EXACT", "0") == "1"
+    """Whether the exact mode over ``x`` takes the streamed search too (where ``streamed``): yes, the
+    ring search's exact record with its chunk minima (``search_chunk_mins``), unless
+    ``TORCHKM_HOPPER_RING_EXACT=0`` (the tl.dot search, A/B)."""
+    return _streamed_setting() != "ring" or os.environ.get("TORCHKM_HOPPER_RING_EXACT", "1") != "0"
 
 
 def streamed(x: torch.Tensor, dtype: torch.dtype | None = None) -> bool:

@@ -130,8 +130,8 @@ def test_streamed_shape_fits_shared_memory(monkeypatch):
 def test_ring_shape_fits_shared_memory_and_serves_the_fast_mode(monkeypatch):
     """The ring search's stages (a row chunk and a centroid chunk each) fit an sm_90 block's shared
     memory whatever the row width (three stages for the fast mode, four for the exact one); by
-    default (``TORCHKM_HOPPER_STREAMED=ring``) wide 16-bit rows take it in the fast mode, in the
-    exact mode only under ``TORCHKM_HOPPER_RING_EXACT=1`` (``streamed_checks``)."""
+    default (``TORCHKM_HOPPER_STREAMED=ring``) wide 16-bit rows take it in both modes, in the
+    exact mode not under ``TORCHKM_HOPPER_RING_EXACT=0`` (``streamed_checks``)."""
     monkeypatch.delenv("TORCHKM_HOPPER_RING_CONFIG", raising=False)
     monkeypatch.delenv("TORCHKM_HOPPER_RING_EXACT", raising=False)
     for d in (257, 312, 768, 1000, 1600):
@@ -145,11 +145,11 @@ def test_ring_shape_fits_shared_memory_and_serves_the_fast_mode(monkeypatch):
     rows = torch.zeros(10, 768, dtype=torch.bfloat16)
     monkeypatch.delenv("TORCHKM_HOPPER_STREAMED")
     assert hopper_search.STREAMED_DEFAULT == "ring"
-    assert hopper_search.streamed(rows) and not hopper_search.streamed_checks(rows)
+    assert hopper_search.streamed(rows) and hopper_search.streamed_checks(rows)
     assert not hopper_search.streamed(torch.zeros(10, 256, dtype=torch.bfloat16))
     assert not hopper_search.streamed(torch.zeros(10, 768))  # fp32 rows: fp16 operands, the tl.dot search
-    monkeypatch.setenv("TORCHKM_HOPPER_RING_EXACT", "1")
-    assert hopper_search.streamed(rows) and hopper_search.streamed_checks(rows)
+    monkeypatch.setenv("TORCHKM_HOPPER_RING_EXACT", "0")
+    assert hopper_search.streamed(rows) and not hopper_search.streamed_checks(rows)
     assert hopper_search.supported(rows, 1000, scaled=False, split=False, row_list=False)
     monkeypatch.setenv("TORCHKM_HOPPER_STREAMED", "1")
     assert hopper_search.streamed(rows) and hopper_search.streamed_checks(rows)
