@@ -148,6 +148,7 @@ from .configs import (
     small_d_launch,
     tf32x3_rows_config,
 )
+from .update import add_sorted_sums
 
 __all__ = ["PRECISIONS", "AssignOutput", "PassSums", "assign", "assign_keeping_sums", "assign_reference", "gap_bound_coefficient", "pair_bound_coefficients",
            "score_bound_coefficients"]
@@ -2634,6 +2635,18 @@ class AssignPass:
                                        and self.research_chunk % self.cfg["BLOCK_K"] == 0)
                     if (self.search_mins or self.eager_mins) and os.environ.get("TORCHKM_CHUNK_MINS", "1") != "0":
                         self.chunk_mins = torch.empty(n * self.research_chunks, dtype=torch.float32, device=device)
+        # The exact pass over wide 16-bit rows (the ring search's) adds its sums after its labels are
+        # final, in label order (``update.add_sorted_sums``: one atomic a run of a label in each
+        # block of 128 rows), not in its epilogue (a second sweep of each row tile once its labels
+        # are settled, one atomic a row and feature, and the re-searched rows' own): H100, 1M x 768
+        # bf16, k = 8,192, the exact pass 27.67 ms with its epilogue's sums, 25.09 without; the
+        # sorted sums alone 0.89 ms (BENCHMARKS.md 2026-12-07, "chunk minima"). The fast pass keeps
+        # its sums in its one sweep (0.70 ms there). ``TORCHKM_SORTED_SUMS=1``/``0``: after the pass /
+        # in the epilogue (default: ``SORTED_SUMS_DEFAULT``). (Into the first copy of the sums: the
+        # others stay as cleared.)
+        self.sorted_sums = (self.check and self.hopper and not self.traced and self.update == UPDATE_ATOMIC
+                            and hopper_search.streamed(x)
+                            and os.environ.get("TORCHKM_SORTED_SUMS", SORTED_SUMS_DEFAULT) == "1")
         # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
         # pruned Lloyd's settle pass), so that one reduction sees both.
         self.extra_base = self.main_grid + self.recheck_grid
@@ -2890,6 +2903,9 @@ class AssignPass:
         if moves:
             common.update(acc_ptr=self.move_acc, counts_offset=self.k * d, n_replicas=1, KP=16, DP=16,
                           UPDATE=UPDATE_DELTA)
+        sorted_sums = self.sorted_sums and accumulate and not moves and rows is None and searched
+        if sorted_sums:  # added once the labels are final (below)
+            common["UPDATE"] = UPDATE_NONE
         split_research = bool(self.recheck_grid) and self.research_chunks > 1
         keys = self.research_keys if split_research else spare("keys", torch.int64)
         lazy_bits = self._lazy_bits(d, searched, half, row_scale is not None)
@@ -3116,6 +3132,9 @@ class AssignPass:
                 ONE_CHUNK=_one_chunk(cfg, self.k, d), EPI_D=min(epilogue_width, cfg["BLOCK_D"]), PREFETCH=0, ONE_TILE=False, **cfg,
                 **{**common, **few_rows_update},
             )
+        if sorted_sums:
+            add_sorted_sums(x, labels, self.acc_sums[0], self.acc_counts[0], sample_weight=sample_weight,
+                            offset=offset, row_scale=row_scale, control=control)
 
 
 # The exact epilogue after the Hopper search (``_epilogue_shape``) over fp32 rows with fp16 operands is
@@ -3126,6 +3145,10 @@ class AssignPass:
 # registers ptxas picks (a cap of 128 raised bf16's exact one from 96 to 120, the fast fp32 one from
 # 80 to 96). Not timed on a GPU yet.
 EPILOGUE_MAX_REGISTERS = 128
+
+# Whether the exact pass over wide 16-bit rows adds its sums after its labels are final
+# (``AssignPass.sorted_sums``): off until a Lloyd run on a GPU compares it with the epilogue's sums.
+SORTED_SUMS_DEFAULT = "0"
 
 
 def _epilogue_shape(cfg: dict, update: int) -> tuple[int, int]:

@@ -32,7 +32,7 @@ from ._common import (
 )
 from .configs import float64_replicas, num_persistent_programs, update_config
 
-__all__ = ["RELOCATE_MAX", "farthest_keys_reference", "float64_sums", "float64_sums_reference", "move_rows_to_clusters",
+__all__ = ["RELOCATE_MAX", "add_sorted_sums", "farthest_keys_reference", "float64_sums", "float64_sums_reference", "move_rows_to_clusters",
            "move_rows_to_clusters_reference", "relocate_to_farthest", "relocate_to_farthest_reference", "update",
            "update_reference"]
 
@@ -86,6 +86,54 @@ def _segment_sum_kernel(
     tl.store(sums_ptr + cluster * d + dims, tl.sum(acc, axis=0), mask=dim_mask)
     if tl.program_id(1) == 0:
         tl.store(counts_ptr + cluster, tl.sum(w_acc, axis=0))
+
+
+@triton.jit
+def _run_add(first_a, sum_a, first_b, sum_b):
+    # A segmented sum's combine: a run restarts at a row flagged first.
+    return first_a | first_b, tl.where(first_b, sum_b, sum_a + sum_b)
+
+
+@triton.jit
+def _sorted_sums_kernel(
+    x_ptr, order_ptr, sorted_ptr, weight_ptr, offset_ptr, scale_ptr, sums_ptr, counts_ptr, control_ptr,
+    n, d, stride_xn, stride_xd,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_CONTROL: tl.constexpr,
+):
+    """Program (i, j): the i-th block of BLOCK_N rows in label order (``order``, their labels
+    ``sorted``) over features block j, each run of one label within the block summed by a segmented
+    scan and added into its cluster's sums by one atomic a feature (counts: by the programs of
+    feature block 0). Blocks are even whatever the clusters' sizes; a label's run crosses a block
+    boundary as two atomics."""
+    go = True
+    if HAS_CONTROL:  # a frozen iteration of a replayed block (see centroids.prepare_centroids)
+        go = tl.load(control_ptr) == 0
+    if go:
+        ids = tl.arange(0, BLOCK_N)
+        slots = tl.program_id(0).to(tl.int64) * BLOCK_N + ids
+        live = slots < n
+        rows = tl.load(order_ptr + slots, mask=live, other=0).to(tl.int64)
+        labels = tl.load(sorted_ptr + slots, mask=live, other=-1).to(tl.int64)
+        before = tl.load(sorted_ptr + slots - 1, mask=live & (slots > 0), other=-1).to(tl.int64)
+        after = tl.load(sorted_ptr + slots + 1, mask=slots + 1 < n, other=-1).to(tl.int64)
+        first = (ids == 0) | (labels != before)
+        last = live & ((ids == BLOCK_N - 1) | (labels != after))
+        w = tl.load(weight_ptr + rows, mask=live, other=0.0).to(tl.float32) if HAS_WEIGHT else live.to(tl.float32)
+        scale = tl.load(scale_ptr + rows, mask=live, other=1.0) if HAS_SCALE else w
+        dims = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        dim_mask = dims < d
+        xr = transform_rows(
+            tl.load(x_ptr + rows[:, None] * stride_xn + dims[None, :] * stride_xd, mask=live[:, None] & dim_mask[None, :],
+                    other=0.0),
+            live, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
+        firsts = first[:, None] & (dims[None, :] >= 0)
+        _, runs = tl.associative_scan((firsts, xr * w[:, None]), 0, _run_add)
+        tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], runs, mask=last[:, None] & dim_mask[None, :],
+                      sem="relaxed")
+        if tl.program_id(1) == 0:
+            _, w_runs = tl.associative_scan((first, w), 0, _run_add)
+            tl.atomic_add(counts_ptr + labels, w_runs, mask=last, sem="relaxed")
 
 
 @triton.jit
@@ -476,6 +524,44 @@ def update(
         KP=onehot_width(n_clusters) if mode == UPDATE_ONEHOT else 16, MODE=mode, **transform, **cfg,
     )
     return sums, counts
+
+
+def add_sorted_sums(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    sums: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    sample_weight: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    control: torch.Tensor | None = None,
+) -> None:
+    """Add the transformed rows' (weighted) sums and weights into float32 ``sums`` (k, d) and
+    ``counts`` (k,), contiguous, by label (int32/int64 in [0, k)): the rows ordered by label
+    (``torch.sort``), then one program a block of 128 of them adds each label's run with one atomic a
+    feature (``_sorted_sums_kernel``), n / 128 + k atomics a feature instead of a row's each: the
+    pass's sums where wide rows' atomics cost more than the sort (H100, 1M x 768 bf16, k = 8,192:
+    0.89 ms by segments against 1.48 by atomics, 2.6 in the exact pass). Sums in the order of a
+    scan, the runs across blocks in atomics' order (last bits vary between runs). ``control``: an
+    int32 word; nothing is added unless it is 0 (a frozen iteration of a replayed block)."""
+    n, d = x.shape
+    if n == 0:
+        return
+    if sums.shape != (counts.shape[0], d) or not sums.is_contiguous() or labels.shape != (n,):
+        raise ValueError(f"sums (k, {d}) contiguous with counts (k,) and labels ({n},), got {tuple(sums.shape)}, "
+                         f"{tuple(counts.shape)}, {tuple(labels.shape)}")
+    sorted_labels, order = torch.sort(labels.to(torch.int32))
+    block_d = 64
+    transform = _transform_args(x, offset, row_scale, sample_weight, counts)
+    launcher(_sorted_sums_kernel)[(triton.cdiv(n, SORTED_BLOCK_N), triton.cdiv(d, block_d))](
+        x, order, sorted_labels, sums_ptr=sums, counts_ptr=counts, control_ptr=counts if control is None else control,
+        n=n, d=d, BLOCK_N=SORTED_BLOCK_N, BLOCK_D=block_d, HAS_CONTROL=control is not None, num_warps=4,
+        **transform,
+    )
+
+
+SORTED_BLOCK_N = 128
 
 
 def _float64_out(out, n_clusters: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -338,7 +338,8 @@ def test_searched_pass_over_streamed_rows_matches_float64(searched, monkeypatch,
 def test_ring_chunk_minima_reach_the_candidate_re_search(searched, monkeypatch):
     """Wide 16-bit rows under the ring search's exact record (``TORCHKM_HOPPER_RING_EXACT=1``): the
     search writes each row's lowest score in every chunk of the re-search (``search_chunk_mins``),
-    so the candidate plan lists a deferred row only in the chunks that could hold its winner.
+    so the candidate plan lists a deferred row only in the chunks that could hold its winner; its
+    sums are added in label order once the labels are final (``sorted_sums``; A/B: in the epilogue).
     Clusters of four near centroids, each cluster inside one chunk: with the minima the plan lists
     deferred rows in fewer than every chunk, and the labels, sums and counts are float64's with
     and without them (fp16 rows: the interpreter's bf16 is not the GPU's)."""
@@ -360,11 +361,13 @@ def test_ring_chunk_minima_reach_the_candidate_re_search(searched, monkeypatch):
         return reference(*args, **kwargs)
 
     monkeypatch.setattr(hopper_search, "search_reference", spy)
-    for setting in ("1", "0"):
+    for setting, sorted_sums in (("1", "1"), ("0", "1"), ("1", "0")):
         monkeypatch.setenv("TORCHKM_CHUNK_MINS", setting)
+        monkeypatch.setenv("TORCHKM_SORTED_SUMS", sorted_sums)
         p = AssignPass(x, k, "exact", update=True)
         assert p.hopper and p.research_chunks == 2 and p.research_chunk == 256 and p.cand_cap
         assert p.search_mins and (p.chunk_mins is not None) == (setting == "1")
+        assert p.sorted_sums == (sorted_sums == "1")
         labels = torch.empty(n, dtype=torch.int64, device=DEVICE)
         p(x, c, offset=None, row_scale=None, raw_norms=x.float().norm(dim=1), sample_weight=None,
           prev_labels=None, labels=labels)

@@ -7,6 +7,7 @@ from torchkm._kernels import update as update_module
 from torchkm._kernels.assign import assign
 from torchkm._kernels.update import (
     RELOCATE_MAX,
+    add_sorted_sums,
     farthest_keys_reference,
     float64_sums,
     float64_sums_reference,
@@ -201,6 +202,62 @@ def test_relocation_order_and_its_torch_paths():
     with pytest.raises(ValueError, match="max_moves"):
         relocate_to_farthest(x, sq, labels, sums, counts, -1)
     assert update_module.RELOCATE_MAX == RELOCATE_MAX
+
+
+@pytest.mark.parametrize(("dtype", "d", "k"), [*((torch.float32, d, k) for d in (1, 3, 17, 129) for k in (1, 7, 1000)),
+                                               (torch.bfloat16, 129, 1000)])
+def test_sorted_sums_add_to_the_reference(dtype, d, k):
+    """``add_sorted_sums`` (runs of one label per block of 128 rows in label order, one atomic a
+    run): weighted, scaled, offset rows added onto what the sums already hold, against float64;
+    one label takes half the rows (its run crosses several blocks), 333 rows not a multiple of the
+    block; int32 and int64 labels; a frozen control word adds nothing."""
+    g = torch.Generator().manual_seed(d * 11 + k)
+    n = 333
+    x = torch.randn(n, d, generator=g).to(dtype).to(DEVICE)
+    labels = torch.where(torch.rand(n, generator=g) < 0.5, k // 2, torch.randint(0, k, (n,), generator=g)).to(DEVICE)
+    w = torch.rand(n, generator=g).to(DEVICE)
+    scale = torch.rand(n, generator=g).to(DEVICE) + 0.5
+    offset = torch.randn(d, generator=g).to(DEVICE)
+    base_sums, base_counts = torch.randn(k, d, generator=g).to(DEVICE), torch.rand(k, generator=g).to(DEVICE)
+    ref_sums, ref_counts = update_reference(x, labels, k, sample_weight=w, offset=offset, row_scale=scale)
+    for label_dtype in (torch.int64, torch.int32):
+        sums, counts = base_sums.clone(), base_counts.clone()
+        add_sorted_sums(x, labels.to(label_dtype), sums, counts, sample_weight=w, offset=offset, row_scale=scale)
+        torch.testing.assert_close(sums, base_sums + ref_sums, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(counts, base_counts + ref_counts, rtol=1e-5, atol=1e-4)
+    sums, counts = base_sums.clone(), base_counts.clone()
+    add_sorted_sums(x, labels, sums, counts, control=torch.ones(1, dtype=torch.int32, device=DEVICE))
+    assert torch.equal(sums, base_sums) and torch.equal(counts, base_counts)
+    add_sorted_sums(x, labels, sums, counts, control=torch.zeros(1, dtype=torch.int32, device=DEVICE))
+    plain_sums, plain_counts = update_reference(x, labels, k)
+    torch.testing.assert_close(sums, base_sums + plain_sums, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(counts, base_counts + plain_counts, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="sums"):
+        add_sorted_sums(x, labels, sums[:, :-1] if d > 1 else sums[:-1], counts)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_sorted_sums_replay_in_a_cuda_graph():
+    """The sort and the launch of ``add_sorted_sums`` are captured and replayed (a fit's blocks of
+    Lloyd iterations are CUDA graphs) and add what the eager call adds, for new labels too:
+    100,003 bf16 rows of 768 features, clusters of very unequal size."""
+    n, d, k = 100_003, 768, 1000
+    x = torch.randn(n, d, device="cuda").to(torch.bfloat16)
+    offset = torch.randn(d, device="cuda")
+    labels = (torch.rand(n, device="cuda") ** 4 * k).long()
+    sums, counts = torch.zeros(k, d, device="cuda"), torch.zeros(k, device="cuda")
+    add_sorted_sums(x, labels, sums, counts, offset=offset)  # (warm-up before capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sums.zero_()
+        counts.zero_()
+        add_sorted_sums(x, labels, sums, counts, offset=offset)
+    for _ in range(2):
+        labels.copy_((torch.rand(n, device="cuda") ** 4 * k).long())
+        graph.replay()
+        ref_sums, ref_counts = update_reference(x, labels, k, offset=offset)
+        torch.testing.assert_close(sums, ref_sums, rtol=1e-5, atol=1e-3)
+        torch.testing.assert_close(counts, ref_counts)
 
 
 def test_row_scale_half_input_and_int32_labels():
