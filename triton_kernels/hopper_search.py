@@ -953,6 +953,11 @@ if gluon is not None:
         return gl.abs(v) * _KEY_SLACK + 1.0e-30
 
     @gluon.jit
+    def _ring_key_floor(v):
+        # A key lowered by its slack (a bound under its score); the padding's keys become "none".
+        return gl.where(v < 0.5 * _PAD_BIAS_TL, v - _key_slack(v), float("inf"))
+
+    @gluon.jit
     def _ring_kernel(x_desc, c_desc, bias_ptr, best_ptr, label_ptr, second_ptr, label2_ptr, third_ptr, label3_ptr,
                      fourth_ptr, min_ptr, n_mins, control_ptr, n, k, ND: gl.constexpr, STAGES: gl.constexpr,
                      CHECK: gl.constexpr, THIRD: gl.constexpr, PACKED: gl.constexpr, MIN_TILES: gl.constexpr,
@@ -1038,8 +1043,7 @@ if gluon is not None:
                 chunk_best = gl.minimum(chunk_best, m1)
                 if (j + 1) % MIN_TILES == 0 or j == n_tiles - 1:
                     if PACKED:
-                        chunk_best = gl.where(chunk_best < 0.5 * _PAD_BIAS_TL, chunk_best - _key_slack(chunk_best),
-                                              float("inf"))
+                        chunk_best = _ring_key_floor(chunk_best)
                     min_rows = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
                     gl.store(min_ptr + min_rows.to(gl.int64) * n_mins + j // MIN_TILES, chunk_best, mask=min_rows < n)
                     chunk_best = gl.full([BLOCK_N], float("inf"), gl.float32, gl.SliceLayout(1, layout))
@@ -1083,8 +1087,8 @@ if gluon is not None:
             # become "none".
             if CHECK:
                 best = best + _key_slack(best)
-                second = gl.where(second < 0.5 * _PAD_BIAS_TL, second - _key_slack(second), float("inf"))
-                third = gl.where(third < 0.5 * _PAD_BIAS_TL, third - _key_slack(third), float("inf"))
+                second = _ring_key_floor(second)
+                third = _ring_key_floor(third)
             else:
                 best = best - _key_slack(best)
         for s in gl.static_range(STAGES):
