@@ -175,6 +175,8 @@ def main():
         xx = torch.empty(2, d, dtype=dt)
         U.update(xx, torch.zeros(2, dtype=torch.int64), 5)
         U.update(xx, torch.zeros(2, dtype=torch.int64), 5, deterministic=True)
+        # The exact pass's sums in label order (``AssignPass.sorted_sums``).
+        U.add_sorted_sums(xx, torch.zeros(2, dtype=torch.int32), torch.zeros(5, d), torch.zeros(5))
     # The epilogues over the Hopper search's record (its reference stands in for the search, and
     # the packed operands' torch reference for their launch).
     os.environ["TORCHKM_HOPPER_SEARCH"] = "reference"

@@ -128,11 +128,12 @@ def _sorted_sums_kernel(
                     other=0.0),
             live, tl.load(offset_ptr + dims, mask=dim_mask & HAS_OFFSET, other=0.0), scale, HAS_OFFSET, HAS_SCALE)
         firsts = first[:, None] & (dims[None, :] >= 0)
-        _, runs = tl.associative_scan((firsts, xr * w[:, None]), 0, _run_add)
+        # (Named flags, not ``_``: Triton 3.6 rejects a name rebound to another shape in the branch.)
+        row_flags, runs = tl.associative_scan((firsts, xr * w[:, None]), 0, _run_add)
         tl.atomic_add(sums_ptr + labels[:, None] * d + dims[None, :], runs, mask=last[:, None] & dim_mask[None, :],
                       sem="relaxed")
         if tl.program_id(1) == 0:
-            _, w_runs = tl.associative_scan((first, w), 0, _run_add)
+            count_flags, w_runs = tl.associative_scan((first, w), 0, _run_add)
             tl.atomic_add(counts_ptr + labels, w_runs, mask=last, sem="relaxed")
 
 
