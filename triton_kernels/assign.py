@@ -2642,11 +2642,14 @@ class AssignPass:
         # bf16, k = 8,192, the exact pass 27.67 ms with its epilogue's sums, 25.09 without; the
         # sorted sums alone 0.89 ms (BENCHMARKS.md 2026-12-07, "chunk minima"). The fast pass keeps
         # its sums in its one sweep (0.70 ms there). ``TORCHKM_SORTED_SUMS=1``/``0``: after the pass /
-        # in the epilogue (default: ``SORTED_SUMS_DEFAULT``). (Into the first copy of the sums: the
-        # others stay as cleared.)
+        # in the epilogue (default: ``SORTED_SUMS_DEFAULT``); ``all``: every exact pass after the
+        # Hopper search so, narrower rows and fp32 ones too (for timing; not measured yet). (Into
+        # the first copy of the sums: the others stay as cleared.)
+        sorted_setting = os.environ.get("TORCHKM_SORTED_SUMS", SORTED_SUMS_DEFAULT)
+        if sorted_setting not in ("0", "1", "all"):
+            raise ValueError(f"TORCHKM_SORTED_SUMS: 0, 1 or all, got {sorted_setting!r}")
         self.sorted_sums = (self.check and self.hopper and not self.traced and self.update == UPDATE_ATOMIC
-                            and hopper_search.streamed(x)
-                            and os.environ.get("TORCHKM_SORTED_SUMS", SORTED_SUMS_DEFAULT) == "1")
+                            and (sorted_setting == "all" or (sorted_setting == "1" and hopper_search.streamed(x))))
         # ``extra_partials`` trailing slots belong to another kernel of the same iteration (the
         # pruned Lloyd's settle pass), so that one reduction sees both.
         self.extra_base = self.main_grid + self.recheck_grid

@@ -325,6 +325,33 @@ def test_searched_pass_matches_float64(searched, monkeypatch, d, k, chunk):
 
 
 @pytest.mark.parametrize("chunk", [None, 128])
+@pytest.mark.parametrize(("d", "dtype"), [(100, torch.float32), (64, torch.float16)])
+def test_sorted_sums_after_any_searched_pass(searched, monkeypatch, d, dtype, chunk):
+    """``TORCHKM_SORTED_SUMS=all``: the exact pass over rows the streamed search does not take
+    (fp32 rows, 16-bit rows of at most 256 features) adds its sums in label order once its labels
+    are final, one call a pass (its epilogue and re-search add none), against float64; in one
+    chunk or in chunks of 128 rows. Another setting is an error."""
+    import torchkm._kernels.assign as assign_module
+
+    calls = []
+    add_sorted_sums = assign_module.add_sorted_sums
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return add_sorted_sums(*args, **kwargs)
+
+    monkeypatch.setattr(assign_module, "add_sorted_sums", spy)
+    monkeypatch.setenv("TORCHKM_SORTED_SUMS", "all")
+    if chunk:
+        monkeypatch.setenv("TORCHKM_HOPPER_CHUNK_ROWS", str(chunk))
+    _check_fused_pass(d, 300, seed=d, dtype=dtype)
+    assert searched and calls == [(300, d)]
+    monkeypatch.setenv("TORCHKM_SORTED_SUMS", "yes")
+    with pytest.raises(ValueError, match="TORCHKM_SORTED_SUMS"):
+        AssignPass(torch.zeros(300, d, dtype=dtype, device=DEVICE), 300, "exact", update=True)
+
+
+@pytest.mark.parametrize("chunk", [None, 128])
 def test_searched_pass_over_streamed_rows_matches_float64(searched, monkeypatch, chunk):
     """16-bit rows wider than 256 features (the streamed search's): the exact pass over its record,
     weighted, centred, with previous labels and sums, in one chunk or in chunks of 128 rows (fp16:
